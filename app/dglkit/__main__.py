@@ -1,0 +1,41 @@
+"""`python -m dglkit <command>`: dispatches to one module per job."""
+
+import argparse
+import importlib
+import sys
+
+from dglkit.common import UserError
+
+# command -> (module, one-line help). Each module has add_arguments(parser) and run(args) -> int.
+COMMANDS = {
+    "prepare": ("dglkit.data", "build a DGL graph with features, labels and split masks"),
+    "partition": ("dglkit.partition", "partition a prepared graph with METIS for N machines"),
+    "train": ("dglkit.train", "distributed GraphSAGE trainer (DGL runs it as server and as trainer)"),
+    "launch": ("dglkit.launch", "start and supervise this node's DGL servers and trainers"),
+    "watch": ("dglkit.watch", "report the state of a running job across all nodes"),
+    "report": ("dglkit.report", "summarise a finished job: summary and training curves"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(prog="dglkit", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    chosen = argv[0] if argv and argv[0] in COMMANDS else None
+    for name, (module_name, help_text) in COMMANDS.items():
+        sub = commands.add_parser(name, help=help_text, description=help_text)
+        # Import only the chosen command's module: importing dgl and torch costs seconds.
+        if name == chosen:
+            module = importlib.import_module(module_name)
+            module.add_arguments(sub)
+            sub.set_defaults(run=module.run)
+    args = parser.parse_args(argv)
+    try:
+        return args.run(args)
+    except UserError as error:
+        print(f"dglkit {args.command}: error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
