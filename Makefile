@@ -1,0 +1,55 @@
+# The commands a newcomer needs. Everything runs as root on a Debian 12 machine (the test hosts are
+# systemd-nspawn containers and qemu VMs that the harness creates on this machine).
+PYTHON      ?= python3
+VENV        := .venv
+CACHE       := /var/cache/dglkit
+WHEELHOUSE  := $(CACHE)/wheelhouse
+CLUSTER     := tests/cluster/testcluster.py
+DEMO        := demo
+DEMO_INV    := /var/lib/dglkit-testcluster/$(DEMO)/inventory
+APT_PACKAGES := debootstrap systemd-container qemu-system-x86 qemu-utils dpkg-dev iproute2 openssh-client rsync
+
+.PHONY: deps setup test test-unit test-e2e test-vm demo demo-down lint
+
+deps:  ## Debian packages the harness needs on this machine
+	apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(APT_PACKAGES)
+
+$(WHEELHOUSE)/.complete: app/requirements/node.txt app/requirements/ogb.txt
+	$(PYTHON) -m pip download -q -d $(WHEELHOUSE) -r app/requirements/node.txt
+	$(PYTHON) -m pip download -q --no-deps -d $(WHEELHOUSE) -r app/requirements/ogb.txt
+	touch $@
+
+$(VENV)/.complete: $(WHEELHOUSE)/.complete requirements-dev.txt
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --no-index --find-links $(WHEELHOUSE) -r app/requirements/node.txt
+	$(VENV)/bin/pip install -q --no-index --no-deps --find-links $(WHEELHOUSE) -r app/requirements/ogb.txt
+	$(VENV)/bin/pip install -q -r requirements-dev.txt
+	$(VENV)/bin/pip install -q --no-deps -e app
+	touch $@
+
+setup: $(VENV)/.complete  ## controller venv, wheelhouse, test-host root and local apt repository
+	$(PYTHON) $(CLUSTER) stage
+
+test: setup  ## the whole suite: unit, kit, multi-host end-to-end, VM tier
+	$(VENV)/bin/pytest tests/unit tests/kit tests/e2e tests/vm
+
+test-unit: setup
+	$(VENV)/bin/pytest tests/unit tests/kit
+
+test-e2e: setup
+	$(VENV)/bin/pytest -m e2e tests/e2e
+
+test-vm: setup
+	$(VENV)/bin/pytest -m vm tests/vm
+
+lint: setup
+	$(VENV)/bin/ansible-lint
+
+demo: setup  ## a 3-host local cluster (storage + 2 workers), site.yml, then a training job
+	$(PYTHON) $(CLUSTER) up --name $(DEMO) --hosts 3
+	$(VENV)/bin/ansible-playbook -i $(DEMO_INV) site.yml
+	$(VENV)/bin/ansible-playbook -i $(DEMO_INV) playbooks/train.yml
+
+demo-down:
+	$(PYTHON) $(CLUSTER) down --name $(DEMO)
