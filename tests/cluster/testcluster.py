@@ -1,0 +1,393 @@
+"""A cluster of real Debian hosts on this machine: systemd-nspawn containers booting systemd and sshd.
+
+    python3 tests/cluster/testcluster.py stage
+    python3 tests/cluster/testcluster.py up --name NAME --hosts 3 [--storage-is-worker]
+    python3 tests/cluster/testcluster.py down --name NAME [--host node3] | down --all
+    python3 tests/cluster/testcluster.py status
+
+Each host has an overlay over the cached root, its own network namespace joined by a veth to a bridge
+in a namespace of its own (no uplink), its own cgroup, /dev/shm and SSH host keys. The controller (this
+namespace) reaches the cluster's /24 through one veth into the bridge. Everything about cluster NAME
+lives in /var/lib/dglkit-testcluster/NAME/ (see docs/design.md, "Test cluster").
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import staging
+
+STATE = Path("/var/lib/dglkit-testcluster")
+# Hierarchies systemd uses on a hybrid cgroup machine; each host gets its own group in both.
+CGROUP_ROOTS = [Path("/sys/fs/cgroup/systemd"), Path("/sys/fs/cgroup/unified")]
+SHM_SIZE = "6g"
+NAME_RE = re.compile(r"[a-z0-9][a-z0-9-]{0,23}")
+HOSTS_FILE = """127.0.0.1\tlocalhost
+127.0.1.1\t{host}
+::1\tlocalhost ip6-localhost ip6-loopback
+ff02::1\tip6-allnodes
+ff02::2\tip6-allrouters
+"""
+
+
+def fail(msg: str) -> None:
+    sys.exit(f"error: {msg}")
+
+
+def log(msg: str) -> None:
+    print(f"[testcluster] {msg}", file=sys.stderr, flush=True)
+
+
+def sh(*cmd: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, check=check, capture_output=True, text=True)
+
+
+def cluster_dir(name: str) -> Path:
+    return STATE / name
+
+
+def netns(name: str, host: str) -> str:
+    return f"dglkit-{name}-{host}"
+
+
+def cgroups(name: str, host: str) -> list[Path]:
+    return [root / f"dglkit-{name}-{host}" for root in CGROUP_ROOTS]
+
+
+def host_num(host: str) -> int:
+    return int(host.removeprefix("node"))
+
+
+def load_state(name: str) -> dict | None:
+    path = cluster_dir(name) / "cluster.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def save_state(state: dict) -> None:
+    (cluster_dir(state["name"]) / "cluster.json").write_text(json.dumps(state, indent=1) + "\n")
+
+
+def free_subnet(name: str) -> int:
+    """Third octet of 10.77.<k>.0/24: stable per name, moved on if another cluster or route has it."""
+    taken = {s["subnet"] for s in map(load_state, list_clusters()) if s}
+    routes = sh("ip", "-4", "route", "show").stdout
+    k = 20 + int(hashlib.sha256(name.encode()).hexdigest(), 16) % 200
+    while k in taken or f"10.77.{k}." in routes:
+        k = 20 + (k - 19) % 200
+    return k
+
+
+def host_ip(state: dict, host: str) -> str:
+    return f"10.77.{state['subnet']}.{10 + host_num(host)}"
+
+
+def list_clusters() -> list[str]:
+    names = {p.name for p in STATE.iterdir() if p.is_dir()} if STATE.is_dir() else set()
+    for ns in sh("ip", "netns", "list").stdout.split():
+        m = re.fullmatch(r"dglkit-(.+)-(br|node\d+)", ns)
+        names |= {m.group(1)} if m else set()
+    return sorted(names)
+
+
+def nspawn_pid(name: str, host: str) -> int | None:
+    """The host's running systemd-nspawn, if any."""
+    pidfile = cluster_dir(name) / "hosts" / host / "nspawn.pid"
+    try:
+        pid = int(pidfile.read_text())
+        comm, rest = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)
+    except (OSError, ValueError):
+        return None
+    # A zombie ("Z") that nobody has reaped yet is gone too.
+    return pid if comm.endswith("(systemd-nspawn") and rest.split()[0] != "Z" else None
+
+
+def create_network(state: dict) -> None:
+    name, k = state["name"], state["subnet"]
+    br = netns(name, "br")
+    sh("ip", "netns", "add", br)
+    sh("ip", "-n", br, "link", "set", "lo", "up")
+    sh("ip", "-n", br, "link", "add", "br0", "type", "bridge")
+    sh("ip", "-n", br, "link", "set", "br0", "up")
+    sh("ip", "link", "add", state["controller_if"], "type", "veth", "peer", "name", "ctl", "netns", br)
+    sh("ip", "-n", br, "link", "set", "ctl", "master", "br0", "up")
+    sh("ip", "addr", "add", f"10.77.{k}.1/24", "dev", state["controller_if"])
+    sh("ip", "link", "set", state["controller_if"], "up")
+
+
+def start_host(state: dict, host: str, stage: dict[str, Path]) -> None:
+    name = state["name"]
+    cdir, hdir = cluster_dir(name), cluster_dir(name) / "hosts" / host
+    for sub in ("upper", "work", "root"):
+        (hdir / sub).mkdir(parents=True, exist_ok=True)
+    root = hdir / "root"
+    sh("mount", "-t", "overlay", "overlay", "-o",
+       f"lowerdir={stage['root']},upperdir={hdir / 'upper'},workdir={hdir / 'work'}", str(root))
+    (root / "etc/hostname").write_text(host + "\n")
+    (root / "etc/hosts").write_text(HOSTS_FILE.format(host=host))
+    (root / "root/.ssh").mkdir(mode=0o700, exist_ok=True)
+    shutil.copy(cdir / "ssh/id_ed25519.pub", root / "root/.ssh/authorized_keys")
+    # Host keys are made here, not at boot, so the controller's known_hosts can be written first.
+    sh("ssh-keygen", "-A", "-f", str(root))
+
+    ns = netns(name, host)
+    sh("ip", "netns", "add", ns)
+    sh("ip", "-n", ns, "link", "set", "lo", "up")
+    sh("ip", "link", "add", "eth0", "netns", ns, "type", "veth", "peer", "name", host, "netns", netns(name, "br"))
+    sh("ip", "-n", netns(name, "br"), "link", "set", host, "master", "br0", "up")
+    sh("ip", "-n", ns, "addr", "add", f"{host_ip(state, host)}/24", "dev", "eth0")
+    sh("ip", "-n", ns, "link", "set", "eth0", "up")
+
+    groups = cgroups(name, host)
+    for group in groups:
+        group.mkdir(exist_ok=True)
+    cmd = ["systemd-nspawn", "-b", "-D", str(root), "--register=no", "--keep-unit",
+           f"--network-namespace-path=/run/netns/{ns}", f"--machine={ns}", f"--hostname={host}",
+           "--console=read-only", "--link-journal=no", "--resolv-conf=off",
+           f"--tmpfs=/dev/shm:mode=1777,size={SHM_SIZE}",
+           f"--bind={cdir / 'workspace'}:/srv/dglkit",
+           f"--bind-ro={stage['aptrepo']}:/opt/dglkit-offline/apt",
+           f"--bind-ro={stage['wheelhouse']}:/opt/dglkit-offline/wheelhouse"]
+
+    def join_cgroups() -> None:
+        # Without a cgroup of its own, same-named units (ssh.service) of different hosts collide.
+        for group in groups:
+            (group / "cgroup.procs").write_text(str(os.getpid()))
+
+    with open(hdir / "console.log", "ab") as console:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=console, stderr=subprocess.STDOUT,
+                                start_new_session=True, preexec_fn=join_cgroups)
+    (hdir / "nspawn.pid").write_text(str(proc.pid))
+
+
+def wait_ssh(state: dict, hosts: list[str], timeout: float) -> None:
+    """Until every host's sshd sends its banner; on timeout name the host and show its console."""
+    deadline = time.monotonic() + timeout
+    for host in hosts:
+        while True:
+            try:
+                with socket.create_connection((host_ip(state, host), 22), timeout=1) as conn:
+                    if conn.recv(8).startswith(b"SSH-"):
+                        break
+            except OSError:
+                pass
+            dead = nspawn_pid(state["name"], host) is None
+            if dead or time.monotonic() > deadline:
+                console = cluster_dir(state["name"]) / "hosts" / host / "console.log"
+                tail = "\n".join(console.read_text(errors="replace").splitlines()[-25:])
+                why = "its systemd-nspawn exited" if dead else f"sshd did not answer within {timeout:.0f} s"
+                fail(f"{host} ({host_ip(state, host)}): {why}; end of {console}:\n{tail}")
+            time.sleep(0.2)
+
+
+def write_access(state: dict) -> None:
+    """known_hosts, ssh config and the Ansible inventory for the hosts now in the cluster."""
+    cdir = cluster_dir(state["name"])
+    hosts = sorted(state["hosts"], key=host_num)
+    known, config = [], []
+    for host in hosts:
+        ip = host_ip(state, host)
+        for pub in sorted((cdir / "hosts" / host / "root/etc/ssh").glob("ssh_host_*_key.pub")):
+            keytype, key = pub.read_text().split()[:2]
+            known.append(f"{host},{ip} {keytype} {key}")
+        config.append(f"Host {host}\n  HostName {ip}\n")
+    ssh_opts = {"User": "root", "IdentityFile": cdir / "ssh/id_ed25519", "IdentitiesOnly": "yes",
+                "UserKnownHostsFile": cdir / "ssh/known_hosts", "StrictHostKeyChecking": "yes"}
+    (cdir / "ssh/known_hosts").write_text("\n".join(known) + "\n")
+    (cdir / "ssh/config").write_text("".join(config) + "Host *\n"
+                                     + "".join(f"  {k} {v}\n" for k, v in ssh_opts.items()))
+
+    workers = hosts if state["storage_is_worker"] else hosts[1:]
+    def group(members: list[str]) -> str:
+        return "".join(f"            {h}:\n              ansible_host: {host_ip(state, h)}\n" for h in members)
+    inventory = cdir / "inventory"
+    (inventory / "group_vars/all").mkdir(parents=True, exist_ok=True)
+    (inventory / "hosts.yml").write_text(
+        f"# Test cluster {state['name']}, written by tests/cluster/testcluster.py.\n"
+        "all:\n  children:\n    cluster:\n      children:\n"
+        f"        storage:\n          hosts:\n{group(hosts[:1])}"
+        f"        workers:\n          hosts:\n{group(workers)}")
+    common_args = " ".join(f"-o {k}={v}" for k, v in ssh_opts.items() if k not in ("User", "IdentityFile"))
+    (inventory / "group_vars/all/testcluster.yml").write_text(
+        "# Connection and offline settings of the test cluster, written by tests/cluster/testcluster.py.\n"
+        "ansible_user: root\n"
+        f"ansible_ssh_private_key_file: {cdir / 'ssh/id_ed25519'}\n"
+        f"ansible_ssh_common_args: \"{common_args}\"\n"
+        "ansible_python_interpreter: /usr/bin/python3\n"
+        "dglkit_shared_fs: existing\n"
+        "dglkit_workspace: /srv/dglkit\n"
+        "dglkit_apt_repository: \"deb [trusted=yes] file:/opt/dglkit-offline/apt ./\"\n"
+        "dglkit_wheelhouse_dir: /opt/dglkit-offline/wheelhouse\n")
+
+
+def up(name: str, count: int, storage_is_worker: bool, timeout: float) -> None:
+    stage = staging.stage()
+    state = load_state(name)
+    if state and any(nspawn_pid(name, h) is None for h in state["hosts"]):
+        log(f"cleaning up leftovers of an earlier run of {name}")
+        state = None
+    if state is None and name in list_clusters():
+        down(name)
+    if state and len(state["hosts"]) > count:
+        fail(f"cluster {name} has {len(state['hosts'])} hosts; remove hosts with: down --name {name} --host nodeK")
+    start = time.monotonic()
+    if state is None:
+        cdir = cluster_dir(name)
+        (cdir / "ssh").mkdir(parents=True)
+        (cdir / "workspace").mkdir()
+        sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"dglkit-testcluster-{name}",
+           "-f", str(cdir / "ssh/id_ed25519"))
+        k = free_subnet(name)
+        # Written before anything is created, so `down` can find all of it after a crash.
+        state = {"name": name, "subnet": k, "controller_if": f"dglkit{k}", "hosts": []}
+        save_state(state)
+        create_network(state)
+    state["storage_is_worker"] = storage_is_worker
+    new = [f"node{i}" for i in range(1, count + 1) if f"node{i}" not in state["hosts"]]
+    for host in new:
+        state["hosts"].append(host)
+        save_state(state)
+        start_host(state, host, stage)
+    write_access(state)
+    wait_ssh(state, new, timeout)
+    log(f"{name}: {len(new)} host(s) up in {time.monotonic() - start:.1f} s; "
+        f"inventory {cluster_dir(name) / 'inventory'}")
+
+
+def kill_cgroup(groups: list[Path], timeout: float) -> None:
+    """SIGKILL everything left in the host's cgroups (nested ones included) and remove them."""
+    deadline = time.monotonic() + timeout
+    while True:
+        pids = {int(p) for g in groups if g.is_dir() for procs in g.rglob("cgroup.procs")
+                for p in procs.read_text().split()}
+        if not pids:
+            break
+        if time.monotonic() > deadline:
+            fail(f"processes {sorted(pids)} in {groups[0]} survive SIGKILL")
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.1)
+    for group in groups:
+        for sub in sorted((p for p in group.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+            sub.rmdir()
+        if group.is_dir():
+            group.rmdir()
+
+
+def is_mounted(path: Path) -> bool:
+    return any(line.split()[4] == str(path) for line in Path("/proc/self/mountinfo").read_text().splitlines())
+
+
+def stop_hosts(name: str, hosts: list[str], grace: float = 10.0) -> None:
+    """Shut hosts down together, then remove all they had: processes, cgroups, overlay, namespace."""
+    for host in hosts:
+        pid = nspawn_pid(name, host)
+        if pid:
+            # nspawn turns SIGTERM into an orderly shutdown of the host's systemd.
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while any(nspawn_pid(name, h) for h in hosts) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for host in hosts:
+        kill_cgroup(cgroups(name, host), timeout=10)
+        root = cluster_dir(name) / "hosts" / host / "root"
+        if is_mounted(root):
+            sh("umount", str(root))
+        if netns(name, host) in sh("ip", "netns", "list").stdout.split():
+            sh("ip", "netns", "del", netns(name, host))
+        shutil.rmtree(cluster_dir(name) / "hosts" / host, ignore_errors=True)
+
+
+def down(name: str, only: str | None = None) -> None:
+    start = time.monotonic()
+    state = load_state(name)
+    if only:
+        if not state or only not in state["hosts"]:
+            fail(f"cluster {name} has no host {only}; see: status")
+        if only == "node1":
+            fail("node1 is the storage host; take the whole cluster down instead")
+        stop_hosts(name, [only])
+        state["hosts"].remove(only)
+        save_state(state)
+        write_access(state)
+        log(f"{name}: {only} removed in {time.monotonic() - start:.1f} s")
+        return
+    # Hosts from the state file and anything a crashed run left without recording it.
+    hosts = set(state["hosts"] if state else [])
+    hosts |= {p.name for p in (cluster_dir(name) / "hosts").glob("node*")}
+    hosts |= {ns.rsplit("-", 1)[1] for ns in sh("ip", "netns", "list").stdout.split()
+              if re.fullmatch(rf"dglkit-{re.escape(name)}-node\d+", ns)}
+    hosts |= {g.name.rsplit("-", 1)[1] for root in CGROUP_ROOTS for g in root.glob(f"dglkit-{name}-node*")}
+    stop_hosts(name, sorted(hosts, key=host_num))
+    # Deleting the bridge namespace would remove the controller's veth too, but only some time later.
+    if state and sh("ip", "link", "show", "dev", state["controller_if"], check=False).returncode == 0:
+        sh("ip", "link", "del", state["controller_if"])
+    if netns(name, "br") in sh("ip", "netns", "list").stdout.split():
+        sh("ip", "netns", "del", netns(name, "br"))
+    shutil.rmtree(cluster_dir(name), ignore_errors=True)
+    log(f"{name}: down in {time.monotonic() - start:.1f} s")
+
+
+def status() -> None:
+    for name in list_clusters():
+        state = load_state(name)
+        if not state:
+            print(f"{name}: leftovers of a crashed run (clean up with: down --name {name})")
+            continue
+        print(f"{name}: 10.77.{state['subnet']}.0/24, inventory {cluster_dir(name) / 'inventory'}, "
+              f"ssh -F {cluster_dir(name) / 'ssh/config'} <host>")
+        for host in sorted(state["hosts"], key=host_num):
+            print(f"  {host} {host_ip(state, host)} {'running' if nspawn_pid(name, host) else 'NOT RUNNING'}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("stage", help="build the cached root, apt repository and wheelhouse")
+    p_up = sub.add_parser("up", help="start a cluster, or add hosts to a running one")
+    p_up.add_argument("--name", required=True)
+    p_up.add_argument("--hosts", type=int, required=True, help="number of hosts: node1 (storage) .. nodeN")
+    p_up.add_argument("--storage-is-worker", action="store_true", help="list node1 in workers too")
+    p_up.add_argument("--timeout", type=float, default=120, help="seconds to wait for every sshd")
+    p_down = sub.add_parser("down", help="stop a cluster (or one host) and remove everything it made")
+    which = p_down.add_mutually_exclusive_group(required=True)
+    which.add_argument("--name")
+    which.add_argument("--all", action="store_true")
+    p_down.add_argument("--host", help="remove only this host, e.g. node3")
+    sub.add_parser("status", help="list clusters and their hosts")
+    args = parser.parse_args()
+
+    if os.geteuid() != 0:
+        fail("testcluster needs root (namespaces, mounts, cgroups)")
+    if getattr(args, "name", None) and not NAME_RE.fullmatch(args.name):
+        fail(f"cluster name {args.name!r}: use 1-24 characters of a-z, 0-9 and '-', starting with a letter or digit")
+    if args.command == "stage":
+        for what, path in staging.stage().items():
+            print(f"{what}: {path}")
+    elif args.command == "up":
+        if not 1 <= args.hosts <= 50:
+            fail(f"--hosts {args.hosts}: give a number of hosts from 1 to 50")
+        up(args.name, args.hosts, args.storage_is_worker, args.timeout)
+    elif args.command == "down":
+        if args.host and args.all:
+            fail("--host needs --name, not --all")
+        for name in list_clusters() if args.all else [args.name]:
+            down(name, args.host)
+    else:
+        status()
+
+
+if __name__ == "__main__":
+    main()
