@@ -201,7 +201,8 @@ def write_access(state: dict) -> None:
             known.append(f"{host},{ip} {keytype} {key}")
         config.append(f"Host {host}\n  HostName {ip}\n")
     ssh_opts = {"User": "root", "IdentityFile": cdir / "ssh/id_ed25519", "IdentitiesOnly": "yes",
-                "UserKnownHostsFile": cdir / "ssh/known_hosts", "StrictHostKeyChecking": "yes"}
+                "UserKnownHostsFile": cdir / "ssh/known_hosts", "StrictHostKeyChecking": "yes",
+                "ControlMaster": "auto", "ControlPersist": "60s", "ControlPath": cdir / "ssh/cp/%C"}
     (cdir / "ssh/known_hosts").write_text("\n".join(known) + "\n")
     (cdir / "ssh/config").write_text("".join(config) + "Host *\n"
                                      + "".join(f"  {k} {v}\n" for k, v in ssh_opts.items()))
@@ -216,12 +217,16 @@ def write_access(state: dict) -> None:
         "all:\n  children:\n    cluster:\n      children:\n"
         f"        storage:\n          hosts:\n{group(hosts[:1])}"
         f"        workers:\n          hosts:\n{group(workers)}")
-    common_args = " ".join(f"-o {k}={v}" for k, v in ssh_opts.items() if k not in ("User", "IdentityFile"))
+    common_args = " ".join(f"-o {k}={ssh_opts[k]}" for k in ("IdentitiesOnly", "UserKnownHostsFile",
+                                                              "StrictHostKeyChecking"))
     (inventory / "group_vars/all/testcluster.yml").write_text(
         "# Connection and offline settings of the test cluster, written by tests/cluster/testcluster.py.\n"
         "ansible_user: root\n"
         f"ansible_ssh_private_key_file: {cdir / 'ssh/id_ed25519'}\n"
         f"ansible_ssh_common_args: \"{common_args}\"\n"
+        # Connection masters per cluster: a master left from an earlier cluster on the same
+        # addresses must never be reused, and `down` closes these.
+        f"ansible_control_path_dir: {cdir / 'ssh/cp'}\n"
         "ansible_python_interpreter: /usr/bin/python3\n"
         "dglkit_shared_fs: existing\n"
         "dglkit_workspace: /srv/dglkit\n"
@@ -242,7 +247,7 @@ def up(name: str, count: int, storage_is_worker: bool, timeout: float) -> None:
     start = time.monotonic()
     if state is None:
         cdir = cluster_dir(name)
-        (cdir / "ssh").mkdir(parents=True)
+        (cdir / "ssh/cp").mkdir(parents=True)
         (cdir / "workspace").mkdir()
         sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"dglkit-testcluster-{name}",
            "-f", str(cdir / "ssh/id_ed25519"))
@@ -290,8 +295,14 @@ def is_mounted(path: Path) -> bool:
     return any(line.split()[4] == str(path) for line in Path("/proc/self/mountinfo").read_text().splitlines())
 
 
+def close_ssh_masters(name: str) -> None:
+    for sock in (cluster_dir(name) / "ssh/cp").glob("*"):
+        sh("ssh", "-o", f"ControlPath={sock}", "-O", "exit", "controlmaster", check=False)
+
+
 def stop_hosts(name: str, hosts: list[str], grace: float = 10.0) -> None:
     """Shut hosts down together, then remove all they had: processes, cgroups, overlay, namespace."""
+    close_ssh_masters(name)
     for host in hosts:
         pid = nspawn_pid(name, host)
         if pid:
