@@ -1,0 +1,171 @@
+"""Fixtures for the multi-host end-to-end tests: nspawn test clusters, ansible-playbook runs, commands on hosts.
+
+Clusters come from tests/cluster/testcluster.py and are taken down when their test module ends;
+set DGLKIT_KEEP_CLUSTERS=1 to keep them for debugging (`testcluster.py status` lists them, and
+`ssh -F /var/lib/dglkit-testcluster/<name>/ssh/config node1` gets you in).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+TESTCLUSTER = REPO / "tests" / "cluster" / "testcluster.py"
+STATE = Path("/var/lib/dglkit-testcluster")
+KEEP = os.environ.get("DGLKIT_KEEP_CLUSTERS") == "1"
+# The controller tools of the environment pytest runs in (.venv/bin).
+BIN = Path(sys.executable).parent
+RECAP_RE = re.compile(r"^(\S+)\s+:\s+((?:\w+=\d+\s*)+)$", re.M)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "e2e: multi-host end-to-end test on nspawn hosts (needs root)")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
+    for item in items:
+        if here in item.path.parents:
+            item.add_marker(pytest.mark.e2e)
+
+
+def testcluster(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, str(TESTCLUSTER), *args], capture_output=True, text=True)
+    if check and proc.returncode:
+        pytest.fail(f"testcluster.py {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    return proc
+
+
+@dataclass
+class PlaybookRun:
+    args: list[str]
+    returncode: int
+    output: str
+    # PLAY RECAP per host: {"node1": {"ok": 5, "changed": 0, "unreachable": 0, "failed": 0, ...}}
+    recap: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    def changed_hosts(self) -> list[str]:
+        return sorted(h for h, counts in self.recap.items() if counts["changed"])
+
+    def failed_hosts(self) -> list[str]:
+        return sorted(h for h, c in self.recap.items() if c["failed"] or c["unreachable"])
+
+
+def parse_recap(output: str) -> dict[str, dict[str, int]]:
+    _, _, recap = output.rpartition("PLAY RECAP")
+    return {host: {k: int(v) for k, v in (pair.split("=") for pair in counts.split())}
+            for host, counts in RECAP_RE.findall(recap)}
+
+
+def ansible_playbook(inventory: Path, playbook: str, *args: str, check: bool = True,
+                     timeout: float = 1200) -> PlaybookRun:
+    """ansible-playbook from the repo root (its ansible.cfg applies); `check` fails the test on a non-zero exit."""
+    cmd = [str(BIN / "ansible-playbook"), "-i", str(inventory), playbook, *args]
+    env = {**os.environ, "ANSIBLE_NOCOLOR": "1", "ANSIBLE_FORCE_COLOR": "0"}
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    output = proc.stdout + proc.stderr
+    run = PlaybookRun(cmd, proc.returncode, output, parse_recap(proc.stdout))
+    if check and proc.returncode:
+        pytest.fail(f"{' '.join(cmd)} exited {proc.returncode}:\n{output[-6000:]}")
+    return run
+
+
+@dataclass
+class Cluster:
+    name: str
+
+    @property
+    def dir(self) -> Path:
+        return STATE / self.name
+
+    @property
+    def inventory(self) -> Path:
+        return self.dir / "inventory"
+
+    @property
+    def workspace(self) -> Path:
+        """The controller's view of the workspace every host has at /srv/dglkit."""
+        return self.dir / "workspace"
+
+    def state(self) -> dict:
+        return json.loads((self.dir / "cluster.json").read_text())
+
+    def groups(self) -> dict[str, dict[str, str]]:
+        """The inventory's groups: {"storage": {host: ansible_host}, "workers": {...}}, in inventory order."""
+        inventory = yaml.safe_load((self.inventory / "hosts.yml").read_text())
+        groups = inventory["all"]["children"]["cluster"]["children"]
+        return {g: {h: v["ansible_host"] for h, v in groups[g]["hosts"].items()} for g in groups}
+
+    def hosts(self) -> dict[str, str]:
+        """Every host -> its address, storage host first."""
+        groups = self.groups()
+        return {**groups["storage"], **groups["workers"]}
+
+    def up(self, hosts: int, storage_is_worker: bool = False) -> None:
+        """Start the cluster, or grow it to `hosts` hosts."""
+        testcluster("up", "--name", self.name, "--hosts", str(hosts),
+                    *(["--storage-is-worker"] if storage_is_worker else []))
+
+    def remove(self, host: str) -> None:
+        testcluster("down", "--name", self.name, "--host", host)
+
+    def down(self) -> None:
+        testcluster("down", "--name", self.name)
+
+    def playbook(self, playbook: str, *args: str, check: bool = True, timeout: float = 1200) -> PlaybookRun:
+        return ansible_playbook(self.inventory, playbook, *args, check=check, timeout=timeout)
+
+    def ansible(self, pattern: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+        """An ad-hoc `ansible PATTERN ARGS...` against the cluster's inventory; the caller checks the result."""
+        return subprocess.run([str(BIN / "ansible"), "-i", str(self.inventory), pattern, *args], cwd=REPO,
+                              env={**os.environ, "ANSIBLE_NOCOLOR": "1"}, capture_output=True, text=True,
+                              timeout=timeout)
+
+    def ssh(self, host: str, command: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
+        """Run a shell command on a host as root, with the SSH settings Ansible uses (verified host keys)."""
+        proc = subprocess.run(["ssh", "-F", str(self.dir / "ssh/config"), host, command],
+                              capture_output=True, text=True, timeout=timeout)
+        if check and proc.returncode:
+            pytest.fail(f"{host}: `{command}` exited {proc.returncode}:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+        return proc
+
+
+@pytest.fixture(scope="module")
+def cluster_factory() -> Iterator[Callable[..., Cluster]]:
+    """make(name, hosts, storage_is_worker=False) starts a cluster that lives until the module ends."""
+    if os.geteuid() != 0:
+        pytest.skip("test clusters need root")
+    made: list[Cluster] = []
+
+    def make(name: str, hosts: int, storage_is_worker: bool = False) -> Cluster:
+        cluster = Cluster(name)
+        cluster.up(hosts, storage_is_worker)
+        made.append(cluster)
+        return cluster
+
+    yield make
+    if not KEEP:
+        for cluster in made:
+            cluster.down()
+
+
+@pytest.fixture(scope="module")
+def cluster(request: pytest.FixtureRequest, cluster_factory: Callable[..., Cluster]) -> Cluster:
+    """Three hosts for the test module: node1 storage, node2 and node3 workers."""
+    name = request.module.__name__.rpartition(".")[2].removeprefix("test_").replace("_", "-")[:24]
+    return cluster_factory(name, 3)
+
+
+@pytest.fixture(scope="session")
+def testcluster_cli() -> Callable[..., subprocess.CompletedProcess]:
+    """testcluster.py itself: cli("up", "--name", ..., check=False)."""
+    return testcluster
