@@ -1,0 +1,371 @@
+"""`dglkit prepare`: one DGL graph with node features, labels and split masks.
+
+Sources: an OGB node-property dataset (offline from pre-placed files), a seeded synthetic community graph,
+or the user's own arrays. The output is DIR/graph.dgl (ndata feat float32, labels int64, train_mask,
+val_mask, test_mask bool, which DGL's file format stores and loads as 0/1 uint8) and DIR/dataset.json, whose fingerprint identifies the inputs: a re-run with the
+same inputs is a no-op, and `dglkit partition` records it to tell whether a partition is still current.
+"""
+
+import argparse
+import csv
+import importlib.util
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dglkit.common import UserError, digest, emit_result, peak_rss_mb, read_json, write_json
+
+# Bump when the same inputs would give a different graph, so that old outputs are rebuilt.
+FORMAT = 1
+MASKS = ("train_mask", "val_mask", "test_mask")
+# Class centres are scaled so that features alone separate classes only weakly: a model has to
+# aggregate neighbours (the graph is homophilous) to do well.
+FEATURE_SIGNAL = 1.5
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dataset", required=True,
+                        help="'synthetic', 'files', or an OGB node-property dataset such as ogbn-products")
+    parser.add_argument("--out", required=True, type=Path, help="output directory (graph.dgl, dataset.json)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the generator and of fraction splits")
+    split = parser.add_argument_group("split fractions (synthetic, and files without masks)")
+    split.add_argument("--train-frac", type=float, default=0.1)
+    split.add_argument("--val-frac", type=float, default=0.05)
+    split.add_argument("--test-frac", type=float, default=0.1)
+    syn = parser.add_argument_group("synthetic: degree-corrected stochastic block model")
+    syn.add_argument("--num-nodes", type=int, default=100_000)
+    syn.add_argument("--avg-degree", type=float, default=20,
+                     help="mean in-degree of the symmetric graph, before dropping self loops and duplicates")
+    syn.add_argument("--num-classes", type=int, default=10)
+    syn.add_argument("--feat-dim", type=int, default=100)
+    syn.add_argument("--num-communities", type=int, default=0,
+                     help="communities (class = community %% num-classes); 0: max(num-classes, nodes/1000)")
+    syn.add_argument("--homophily", type=float, default=0.8, help="fraction of edges inside a community")
+    syn.add_argument("--label-noise", type=float, default=0.1,
+                     help="fraction of nodes whose label is redrawn at random (caps the reachable accuracy)")
+    ogb = parser.add_argument_group("ogbn-*")
+    ogb.add_argument("--data-root", type=Path,
+                     help="directory holding ogbn_<name>/ (or the official zip's <name>/ directory)")
+    ogb.add_argument("--allow-download", action="store_true",
+                     help="download the dataset from OGB when it is not under --data-root")
+    files = parser.add_argument_group("files")
+    files.add_argument("--path", type=Path,
+                       help="an .npz, or a directory of .npy files (edges and labels may be .csv): edges "
+                            "(E x 2 or 2 x E), feat (N x F), labels (N), optional train_mask/val_mask/test_mask")
+    parser.add_argument("--add-reverse-edges", action="store_true",
+                        help="files and ogbn-*: make the graph symmetric (the synthetic graph always is)")
+
+
+def run(args: argparse.Namespace) -> int:
+    source, params, inputs = check_arguments(args)
+    fingerprint = digest({"format": FORMAT, "source": source, "params": params, "inputs": inputs})
+    out: Path = args.out
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out} is a file; give a directory")
+    graph_path, meta_path = out / "graph.dgl", out / "dataset.json"
+    old = read_json(meta_path)
+    if (old and old.get("fingerprint") == fingerprint and graph_path.is_file()
+            and graph_path.stat().st_size == old.get("graph_bytes")):
+        emit_result({"changed": False, "out": str(out), **summary(old)})
+        return 0
+
+    start = time.perf_counter()
+    if source == "synthetic":
+        arrays = synthetic(np.random.default_rng(args.seed), **params["graph"])
+    elif source == "files":
+        arrays = check_arrays(load_files(args.path), str(args.path))
+    else:
+        arrays = load_ogb(args.dataset, inputs["dir"], inputs["release"])
+    if "train_mask" not in arrays:
+        arrays.update(split_masks(arrays["labels"], params["split"], np.random.default_rng(args.seed)))
+    graph = make_graph(arrays, reverse=source != "synthetic" and args.add_reverse_edges)
+    del arrays
+
+    import dgl
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / "graph.dgl.tmp"
+    dgl.save_graphs(str(tmp), [graph])
+    os.replace(tmp, graph_path)
+    labels = graph.ndata["labels"]
+    meta = {
+        "source": args.dataset, "parameters": params, "inputs": inputs, "fingerprint": fingerprint,
+        "num_nodes": graph.num_nodes(), "num_edges": graph.num_edges(),
+        "num_classes": int(labels.max()) + 1, "feat_dim": int(graph.ndata["feat"].shape[1]),
+        **{f"num_{name[:-5]}": int(graph.ndata[name].sum()) for name in MASKS},
+        "graph_file": graph_path.name, "graph_bytes": graph_path.stat().st_size,
+        "seconds": round(time.perf_counter() - start, 2), "peak_rss_mb": round(peak_rss_mb()),
+    }
+    write_json(meta_path, meta)
+    emit_result({"changed": True, "out": str(out), **summary(meta)})
+    return 0
+
+
+def summary(meta: dict[str, Any]) -> dict[str, Any]:
+    keys = ("fingerprint", "num_nodes", "num_edges", "num_classes", "seconds", "peak_rss_mb")
+    return {key: meta.get(key) for key in keys}
+
+
+def check_arguments(args: argparse.Namespace) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    """Validate the arguments before anything is read or written: (source, parameters, input identity)."""
+    fracs = {"train": args.train_frac, "val": args.val_frac, "test": args.test_frac}
+    if min(fracs.values()) < 0 or sum(fracs.values()) > 1 or fracs["train"] <= 0:
+        raise UserError(f"split fractions {fracs} must be >= 0 with train > 0 and a sum <= 1")
+    split = {**fracs, "seed": args.seed}
+    if args.dataset == "synthetic":
+        if args.num_nodes < 2 or args.num_classes < 2 or args.feat_dim < 1:
+            raise UserError("--num-nodes and --num-classes must be >= 2 and --feat-dim >= 1")
+        if not 0 < args.avg_degree < args.num_nodes - 1:
+            raise UserError(f"--avg-degree must be > 0 and < num-nodes - 1 = {args.num_nodes - 1}")
+        if not (0 <= args.homophily <= 1 and 0 <= args.label_noise <= 1):
+            raise UserError("--homophily and --label-noise are fractions between 0 and 1")
+        if not 0 <= args.num_communities <= args.num_nodes:
+            raise UserError("--num-communities must be between 0 (automatic) and --num-nodes")
+        graph = {key: getattr(args, key) for key in (
+            "num_nodes", "avg_degree", "num_classes", "feat_dim", "num_communities", "homophily", "label_noise")}
+        return "synthetic", {"graph": graph, "split": split}, {}
+    if args.dataset == "files":
+        if args.path is None or not args.path.exists():
+            raise UserError(f"--dataset files needs --path to an .npz file or a directory; got {args.path}")
+        files = [args.path] if args.path.is_file() else sorted(p for p in args.path.iterdir() if p.is_file())
+        stats = {p.name: [p.stat().st_size, p.stat().st_mtime_ns] for p in files}
+        params = {"split": split, "add_reverse_edges": args.add_reverse_edges}
+        return "files", params, {"path": str(args.path.resolve()), "files": stats}
+    if args.dataset.startswith("ogbn-"):
+        meta = ogb_meta(args.dataset)
+        return "ogb", {"add_reverse_edges": args.add_reverse_edges}, {
+            "dir": str(find_ogb_dir(args.dataset, meta, args.data_root, args.allow_download)),
+            "release": meta["version"]}
+    raise UserError(f"--dataset {args.dataset!r}: use synthetic, files or an ogbn-* name (e.g. ogbn-products)")
+
+
+def synthetic(rng: np.random.Generator, num_nodes: int, avg_degree: float, num_classes: int, feat_dim: int,
+              num_communities: int, homophily: float, label_noise: float) -> dict[str, np.ndarray]:
+    """Degree-corrected stochastic block model: power-law degrees, contiguous communities (ids shuffled at
+    the end), symmetric, without self loops or duplicate edges. Features are a class centre plus noise;
+    labels are the community's class, redrawn at random for a `label_noise` fraction of nodes."""
+    n = num_nodes
+    k = num_communities or max(num_classes, n // 1000)
+    # Pareto(2) weights: a few hubs, most nodes near the mean degree, like many real graphs.
+    cum = np.cumsum(rng.pareto(2.0, n) + 1.0)
+    cum0 = np.concatenate([[0.0], cum])
+    starts = (np.arange(k + 1) * n + k - 1) // k  # community c owns nodes starts[c] <= i < starts[c + 1]
+    m = round(n * avg_degree / 2)
+    src = np.minimum(np.searchsorted(cum, rng.random(m) * cum[-1], side="right"), n - 1)
+    comm = src * k // n
+    inside = rng.random(m) < homophily
+    lo = np.where(inside, cum0[starts[comm]], 0.0)
+    width = np.where(inside, cum0[starts[comm + 1]], cum[-1]) - lo
+    del comm, inside
+    dst = np.minimum(np.searchsorted(cum, lo + rng.random(m) * width, side="right"), n - 1)
+    del lo, width
+    keep = src != dst
+    pairs = np.unique(np.minimum(src, dst)[keep] * n + np.maximum(src, dst)[keep])
+    del src, dst, keep
+    a, b = np.divmod(pairs, n)
+    del pairs
+    # Shuffle ids so that neither DGL nor a reader can lean on communities being id ranges.
+    perm = rng.permutation(n)
+    a, b = perm[a], perm[b]
+    klass = np.empty(n, np.int64)
+    klass[perm] = (np.arange(n) * k // n) % num_classes
+    labels = klass.copy()
+    flip = rng.random(n) < label_noise
+    labels[flip] = rng.integers(0, num_classes, int(flip.sum()))
+    centres = rng.standard_normal((num_classes, feat_dim), dtype=np.float32) * np.float32(
+        FEATURE_SIGNAL / np.sqrt(feat_dim))
+    feat = rng.standard_normal((n, feat_dim), dtype=np.float32)
+    for s in range(0, n, 1 << 18):  # in blocks: centres[klass] at once would double peak memory
+        feat[s:s + (1 << 18)] += centres[klass[s:s + (1 << 18)]]
+    return {"src": np.concatenate([a, b]), "dst": np.concatenate([b, a]), "feat": feat, "labels": labels}
+
+
+def split_masks(labels: np.ndarray, split: dict[str, float], rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """Disjoint random train/val/test masks with the given fractions of all nodes."""
+    n = len(labels)
+    order = rng.permutation(n)
+    masks, begin, total = {}, 0, 0.0
+    for name in ("train", "val", "test"):
+        total += split[name]
+        end = round(total * n)  # cumulative, so that fractions summing to 1 cover every node
+        masks[f"{name}_mask"] = np.zeros(n, bool)
+        masks[f"{name}_mask"][order[begin:end]] = True
+        begin = end
+    if not masks["train_mask"].any():
+        raise UserError(f"--train-frac {split['train']} of {n} nodes selects no training node")
+    return masks
+
+
+def load_files(path: Path) -> dict[str, np.ndarray]:
+    """Arrays by name from an .npz or a directory of .npy (edges/labels also .csv) files."""
+    if path.is_file():
+        try:
+            with np.load(path, allow_pickle=False) as npz:
+                return {name: npz[name] for name in npz.files}
+        except (OSError, ValueError) as error:
+            raise UserError(f"{path}: not a readable .npz file ({error})") from None
+    arrays = {}
+    for name in ("edges", "feat", "labels", *MASKS):
+        if (path / f"{name}.npy").is_file():
+            try:
+                arrays[name] = np.load(path / f"{name}.npy", allow_pickle=False)
+            except (OSError, ValueError) as error:
+                raise UserError(f"{path / name}.npy: not a readable .npy file ({error})") from None
+        elif name in ("edges", "labels") and (path / f"{name}.csv").is_file():
+            arrays[name] = read_csv(path / f"{name}.csv")
+    return arrays
+
+
+def read_csv(path: Path) -> np.ndarray:
+    """Integer columns of a CSV file, with or without a header line."""
+    import pandas as pd
+
+    frame = pd.read_csv(path, header=None)
+    if not all(pd.api.types.is_integer_dtype(t) for t in frame.dtypes):
+        frame = pd.read_csv(path)  # the first line was a header
+    if not all(pd.api.types.is_integer_dtype(t) for t in frame.dtypes):
+        raise UserError(f"{path}: every column must hold integers (an optional header line aside)")
+    return frame.to_numpy().squeeze(axis=1) if frame.shape[1] == 1 else frame.to_numpy()
+
+
+def check_arrays(arrays: dict[str, np.ndarray], where: str) -> dict[str, np.ndarray]:
+    """Validate the user's arrays and return them as src, dst, feat, labels (+ masks when given)."""
+    missing = [name for name in ("edges", "feat", "labels") if name not in arrays]
+    if missing:
+        raise UserError(f"{where}: missing {', '.join(missing)} (expected edges, feat, labels "
+                        f"[+ train_mask, val_mask, test_mask] as .npz keys or .npy files)")
+    edges, feat, labels = arrays["edges"], arrays["feat"], arrays["labels"]
+    if edges.ndim != 2 or 2 not in edges.shape or not np.issubdtype(edges.dtype, np.integer):
+        raise UserError(f"{where}: edges must be an integer E x 2 or 2 x E array, got {edges.dtype} {edges.shape}")
+    if edges.shape[1] != 2:
+        edges = edges.T
+    if feat.ndim != 2 or not (np.issubdtype(feat.dtype, np.floating) or np.issubdtype(feat.dtype, np.integer)):
+        raise UserError(f"{where}: feat must be a numeric N x F array, got {feat.dtype} {feat.shape}")
+    feat = feat.astype(np.float32, copy=False)
+    if not np.isfinite(feat).all():
+        raise UserError(f"{where}: feat contains NaN or infinite values")
+    n = len(feat)
+    if len(edges) and (edges.min() < 0 or edges.max() >= n):
+        raise UserError(f"{where}: edge node ids must be in [0, {n}) (N = rows of feat); "
+                        f"found ids {edges.min()}..{edges.max()}")
+    if labels.ndim == 2 and labels.shape[1] == 1:
+        labels = labels[:, 0]
+    if labels.shape != (n,) or not np.issubdtype(labels.dtype, np.integer):
+        raise UserError(f"{where}: labels must be {n} integers (one per feat row), got {labels.dtype} {labels.shape}")
+    if n and labels.min() < 0:
+        raise UserError(f"{where}: labels must be class ids >= 0, found {labels.min()}")
+    if len(np.unique(labels)) < 2:
+        raise UserError(f"{where}: labels hold fewer than 2 distinct classes")
+    result = {"src": edges[:, 0].astype(np.int64), "dst": edges[:, 1].astype(np.int64),
+              "feat": feat, "labels": labels.astype(np.int64)}
+    given = [name for name in MASKS if name in arrays]
+    if given and len(given) < 3:
+        raise UserError(f"{where}: has {', '.join(given)} but not all of {', '.join(MASKS)}; give all three "
+                        "or none (then --train-frac/--val-frac/--test-frac split the nodes)")
+    for name in given:
+        mask = arrays[name]
+        if mask.shape != (n,) or not (mask.dtype == bool or np.isin(mask, (0, 1)).all()):
+            raise UserError(f"{where}: {name} must be {n} booleans (or 0/1), got {mask.dtype} {mask.shape}")
+        result[name] = mask.astype(bool)
+    if given:
+        if not result["train_mask"].any():
+            raise UserError(f"{where}: train_mask selects no node")
+        if (result["train_mask"].astype(int) + result["val_mask"] + result["test_mask"]).max() > 1:
+            raise UserError(f"{where}: train_mask, val_mask and test_mask overlap; a node may be in one only")
+    return result
+
+
+def ogb_meta(name: str) -> dict[str, Any]:
+    """OGB's own description of a dataset (ogb/nodeproppred/master.csv), if we can train on it."""
+    spec = importlib.util.find_spec("ogb")  # without importing ogb, which pulls in torch and scikit-learn
+    if spec is None or spec.origin is None:
+        raise UserError("ogb is not installed: pip install --no-deps -r requirements/ogb.txt")
+    with open(Path(spec.origin).parent / "nodeproppred" / "master.csv", newline="") as f:
+        header, *rows = csv.reader(f)
+    columns = {row[0]: row[1:] for row in rows}
+    if name not in header:
+        raise UserError(f"unknown OGB dataset {name!r}; node-property datasets: {', '.join(header[1:])}")
+    meta = {key: values[header.index(name) - 1] for key, values in columns.items()}
+    if meta["is hetero"] == "True" or meta["task type"] != "multiclass classification":
+        raise UserError(f"{name} is not a homogeneous multiclass dataset; GraphSAGE node classification here "
+                        "supports e.g. ogbn-products, ogbn-arxiv")
+    return meta
+
+
+def find_ogb_dir(name: str, meta: dict[str, Any], root: Path | None, allow_download: bool) -> Path:
+    """The dataset directory under root: ogb's own name (ogbn_products) or the official zip's (products)."""
+    if root is None:
+        raise UserError(f"--dataset {name} needs --data-root (the directory holding its files)")
+    release = f"RELEASE_v{meta['version']}.txt"
+    names = ["_".join(name.split("-")), meta["download_name"]]
+    found = [root / d for d in names if (root / d).is_dir()]
+    if not found and allow_download:
+        from ogb.utils.url import download_url, extract_zip
+
+        root.mkdir(parents=True, exist_ok=True)
+        archive = download_url(meta["url"], str(root))
+        extract_zip(archive, str(root))
+        os.unlink(archive)
+        found = [root / meta["download_name"]]
+    if not found:
+        raise UserError(f"{name} not found: expected {root / names[0]}/{release} with raw/*.csv.gz and "
+                        f"split/{meta['split']}/*.csv.gz (or the official zip unpacked as {root / names[1]}/), "
+                        "or pass --allow-download")
+    directory = found[0]
+    if not (directory / release).is_file():
+        raise UserError(f"{directory / release} is missing: ogb would ask whether to re-download; if the files "
+                        f"are OGB's release {meta['version']}, create that empty file")
+    raw = "data.npz" if meta["binary"] == "True" else "edge.csv.gz"
+    if not ((directory / "processed" / "dgl_data_processed").is_file() or (directory / "raw" / raw).is_file()):
+        raise UserError(f"{directory}: neither raw/{raw} nor processed/dgl_data_processed is there")
+    split = directory / "split" / meta["split"]
+    if not ((split / "train.csv.gz").is_file() or (split / "split_dict.pt").is_file()):
+        raise UserError(f"{split}: train.csv.gz, valid.csv.gz and test.csv.gz are missing")
+    return directory
+
+
+def load_ogb(name: str, directory: str, release: str) -> dict[str, np.ndarray]:
+    """The graph, flattened labels and the official split as masks, as in DGL's distributed tutorial."""
+    from ogb.nodeproppred import DglNodePropPredDataset
+
+    meta = {**ogb_meta(name), "dir_path": directory}
+    stdin, sys.stdin = sys.stdin, open(os.devnull)  # any question ogb asks fails instead of blocking
+    try:
+        dataset = DglNodePropPredDataset(name, meta_dict=meta)
+        split = dataset.get_idx_split()
+    except EOFError:
+        raise UserError(f"ogb asked a question about {directory} (release {release}); "
+                        "check the files against OGB's layout") from None
+    finally:
+        sys.stdin.close()
+        sys.stdin = stdin
+    graph, labels = dataset[0]
+    n = graph.num_nodes()
+    src, dst = graph.edges()
+    masks = {}
+    for name, key in zip(MASKS, ("train", "valid", "test")):
+        masks[name] = np.zeros(n, bool)
+        masks[name][split[key].numpy()] = True
+    # papers100M leaves unlabelled nodes NaN; they are in no split, -1 keeps labels integral.
+    labels = np.nan_to_num(labels[:, 0].numpy(), nan=-1).astype(np.int64)
+    return {"src": src.numpy(), "dst": dst.numpy(), "feat": graph.ndata["feat"].numpy(), "labels": labels,
+            **masks}
+
+
+def make_graph(arrays: dict[str, np.ndarray], reverse: bool):
+    import dgl
+    import torch
+
+    n = len(arrays["feat"])
+    graph = dgl.graph((torch.from_numpy(arrays["src"]), torch.from_numpy(arrays["dst"])), num_nodes=n,
+                      idtype=torch.int64)
+    if reverse:
+        graph = dgl.to_bidirected(graph)
+    graph.ndata["feat"] = torch.from_numpy(arrays["feat"].astype(np.float32, copy=False))
+    graph.ndata["labels"] = torch.from_numpy(arrays["labels"])
+    for name in MASKS:
+        graph.ndata[name] = torch.from_numpy(arrays[name])
+    return graph

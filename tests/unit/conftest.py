@@ -1,0 +1,88 @@
+"""Shared fixtures: a small synthetic dataset and its partitions, built once per session through the real
+`python -m dglkit` CLI into a temporary directory."""
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+APP = Path(__file__).resolve().parents[2] / "app"
+# Big enough for GraphSAGE to beat chance clearly in a few epochs, small enough to partition in a second.
+SYNTHETIC = ["--num-nodes", "4000", "--avg-degree", "12", "--num-classes", "5", "--feat-dim", "32",
+             "--train-frac", "0.5", "--val-frac", "0.2", "--test-frac", "0.3", "--seed", "7"]
+
+
+def run_cli(*args: object, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess:
+    """`python -m dglkit ARGS` in a child process with stdin closed; check=True requires exit 0."""
+    env = {**os.environ, "PYTHONPATH": str(APP), "DGLBACKEND": "pytorch"}
+    proc = subprocess.run([sys.executable, "-m", "dglkit", *map(str, args)], capture_output=True, text=True,
+                          env=env, stdin=subprocess.DEVNULL, timeout=timeout)
+    if check and proc.returncode:
+        raise AssertionError(f"dglkit {args} exited {proc.returncode}:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
+    return proc
+
+
+def last_json(output: str) -> dict:
+    """The result line every command prints last (docs/design.md)."""
+    return json.loads(output.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="session")
+def dglkit() -> Callable[..., subprocess.CompletedProcess]:
+    return run_cli
+
+
+@pytest.fixture(scope="session")
+def synthetic_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Directory with graph.dgl and dataset.json: 4000 nodes, 5 classes, 32 features."""
+    out = tmp_path_factory.mktemp("data") / "synthetic"
+    run_cli("prepare", "--dataset", "synthetic", "--out", out, *SYNTHETIC)
+    return out
+
+
+@pytest.fixture(scope="session")
+def make_partition(synthetic_dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
+    """make_partition(num_parts, graphbolt=False) -> the partition config (<dir>/graph.json), built once."""
+    built: dict[tuple[int, bool], Path] = {}
+
+    def make(num_parts: int, graphbolt: bool = False) -> Path:
+        if (num_parts, graphbolt) not in built:
+            out = tmp_path_factory.mktemp("parts") / f"{num_parts}{'-graphbolt' if graphbolt else ''}"
+            run_cli("partition", "--dataset-dir", synthetic_dataset, "--out", out, "--num-parts", num_parts,
+                    "--graph-name", "graph", *(["--graphbolt"] if graphbolt else []))
+            built[num_parts, graphbolt] = out / "graph.json"
+        return built[num_parts, graphbolt]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def partition_1(make_partition: Callable[..., Path]) -> Path:
+    return make_partition(1)
+
+
+@pytest.fixture(scope="session")
+def partition_2(make_partition: Callable[..., Path]) -> Path:
+    return make_partition(2)
+
+
+@pytest.fixture(scope="session")
+def partition_2_graphbolt(make_partition: Callable[..., Path]) -> Path:
+    return make_partition(2, graphbolt=True)
+
+
+@pytest.fixture
+def cli(capsys: pytest.CaptureFixture) -> Callable[..., tuple[int, dict | None, str]]:
+    """The CLI in this process (no second `import dgl`): cli(*args) -> (exit code, result line, stderr)."""
+    from dglkit.__main__ import main
+
+    def call(*args: object) -> tuple[int, dict | None, str]:
+        code = main([str(arg) for arg in args])
+        out, err = capsys.readouterr()
+        return code, last_json(out) if code == 0 else None, err.strip()
+
+    return call
