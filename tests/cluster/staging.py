@@ -84,6 +84,11 @@ def build_root(flavour: str, packages: list[str], finish: str) -> Path:
     run(["sh", "-c", finish], cwd=tmp)
     tmp.rename(dest)
     log(f"root built in {time.monotonic() - start:.0f} s")
+    mounts = Path("/proc/self/mountinfo").read_text()
+    for old in dest.parent.glob(f"{flavour}-*"):
+        # Roots of an older recipe go, unless a running host still has one as its overlay's lower dir.
+        if re.fullmatch(rf"{flavour}-[0-9a-f]{{12}}", old.name) and old != dest and f"lowerdir={old}" not in mounts:
+            shutil.rmtree(old)
     return dest
 
 

@@ -13,6 +13,7 @@ lives in /var/lib/dglkit-testcluster/NAME/ (see docs/design.md, "Test cluster").
 from __future__ import annotations
 
 import argparse
+import fcntl
 import hashlib
 import json
 import os
@@ -382,6 +383,11 @@ def main() -> None:
 
     if os.geteuid() != 0:
         fail("testcluster needs root (namespaces, mounts, cgroups)")
+    STATE.mkdir(parents=True, exist_ok=True)
+    lock = open(STATE / ".lock", "w")
+    if args.command != "status":
+        # One change at a time: concurrent runs would pick the same subnet or build the same cache.
+        fcntl.flock(lock, fcntl.LOCK_EX)
     if getattr(args, "name", None) and not NAME_RE.fullmatch(args.name):
         fail(f"cluster name {args.name!r}: use 1-24 characters of a-z, 0-9 and '-', starting with a letter or digit")
     if args.command == "stage":
