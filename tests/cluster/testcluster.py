@@ -50,7 +50,10 @@ def log(msg: str) -> None:
 
 
 def sh(*cmd: str, check: bool = True) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, check=check, capture_output=True, text=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if check and proc.returncode:
+        fail(f"`{' '.join(cmd)}` failed: {proc.stderr.strip()}")
+    return proc
 
 
 def cluster_dir(name: str) -> Path:
@@ -186,7 +189,8 @@ def wait_ssh(state: dict, hosts: list[str], timeout: float) -> None:
                 console = cluster_dir(state["name"]) / "hosts" / host / "console.log"
                 tail = "\n".join(console.read_text(errors="replace").splitlines()[-25:])
                 why = "its systemd-nspawn exited" if dead else f"sshd did not answer within {timeout:.0f} s"
-                fail(f"{host} ({host_ip(state, host)}): {why}; end of {console}:\n{tail}")
+                fail(f"{host} ({host_ip(state, host)}): {why} (cluster left for inspection; remove it with "
+                     f"down --name {state['name']}); end of {console}:\n{tail}")
             time.sleep(0.2)
 
 

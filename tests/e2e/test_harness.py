@@ -158,3 +158,15 @@ def test_bad_input_fails_before_anything_changes(testcluster_cli: Callable[..., 
         assert proc.returncode != 0
         assert proc.stderr.startswith(f"error: {message}") and proc.stderr.count("\n") == 1, proc.stderr
     assert artefacts("Bad_Name") == artefacts("ok") == artefacts("harness-nosuch") == []
+
+
+def test_boot_timeout_names_the_host(testcluster_cli: Callable[..., subprocess.CompletedProcess]) -> None:
+    proc = testcluster_cli("up", "--name", "harness-slow", "--hosts", "1", "--timeout", "0", check=False)
+    try:
+        assert proc.returncode != 0
+        assert re.match(r"error: node1 \(10\.77\.\d+\.11\): sshd did not answer within 0 s .*"
+                        r"end of /var/lib/dglkit-testcluster/harness-slow/hosts/node1/console.log:", proc.stderr)
+    finally:
+        testcluster_cli("down", "--name", "harness-slow")
+    assert artefacts("harness-slow") == []
+
