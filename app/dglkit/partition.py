@@ -1,0 +1,146 @@
+"""`dglkit partition`: split a prepared graph into one partition per machine with DGL's partition_graph.
+
+Writes DGL's files (<graph name>.json, part<i>/), the ID mappings DGL returns but does not save
+(orig_nids.npy, orig_eids.npy: new ID -> original ID) and manifest.json (dataset fingerprint, parameters,
+timings, peak RSS, edge cut, per-part counts). A re-run with the same inputs is a no-op; --graphbolt on a
+current DGL-format partition only converts it.
+"""
+
+import argparse
+import json
+import re
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dglkit.common import UserError, emit_result, peak_rss_mb, read_json, write_json
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dataset-dir", required=True, type=Path, help="output directory of `dglkit prepare`")
+    parser.add_argument("--out", required=True, type=Path, help="partition directory (replaced when stale)")
+    parser.add_argument("--num-parts", required=True, type=int, help="number of partitions = machines")
+    parser.add_argument("--graph-name", default="graph", help="DistGraph name; the config is <name>.json")
+    parser.add_argument("--part-method", choices=("metis", "random"), default="metis")
+    parser.add_argument("--num-hops", type=int, default=1, help="hops of halo nodes kept with each partition")
+    parser.add_argument("--no-balance-train", dest="balance_train", action="store_false",
+                        help="do not ask METIS for an equal number of training nodes per partition")
+    parser.add_argument("--no-balance-edges", dest="balance_edges", action="store_false",
+                        help="do not ask METIS for an equal number of edges per partition")
+    parser.add_argument("--graphbolt", action="store_true",
+                        help="also write GraphBolt's fused_csc_sampling_graph.pt (for use_graphbolt=True)")
+
+
+def run(args: argparse.Namespace) -> int:
+    dataset = read_json(args.dataset_dir / "dataset.json")
+    graph_file = args.dataset_dir / "graph.dgl"
+    if dataset is None or "fingerprint" not in dataset or not graph_file.is_file():
+        raise UserError(f"{args.dataset_dir} is not a prepared dataset (dataset.json and graph.dgl); "
+                        f"run `dglkit prepare --out {args.dataset_dir}` first")
+    if not 1 <= args.num_parts <= dataset["num_nodes"]:
+        raise UserError(f"--num-parts must be between 1 and the {dataset['num_nodes']} nodes, got {args.num_parts}")
+    if not re.fullmatch(r"[A-Za-z0-9_-]+", args.graph_name):
+        raise UserError(f"--graph-name {args.graph_name!r}: use letters, digits, '_' and '-' only")
+    if args.num_hops < 1:
+        raise UserError(f"--num-hops must be >= 1, got {args.num_hops}")
+    out: Path = args.out
+    params = {key: getattr(args, key) for key in (
+        "num_parts", "graph_name", "part_method", "num_hops", "balance_train", "balance_edges")}
+    manifest_path, part_config = out / "manifest.json", out / f"{args.graph_name}.json"
+    old = read_json(manifest_path)
+    current = (old is not None and old.get("complete") and old.get("dataset_fingerprint") == dataset["fingerprint"]
+               and old.get("parameters") == params and part_config.is_file())
+    if current and (old["graphbolt"] or not args.graphbolt):
+        emit_result({"changed": False, **summary(old, out)})
+        return 0
+    if current:
+        old["timings"]["graphbolt_s"] = to_graphbolt(part_config)
+        old["graphbolt"] = True
+        write_json(manifest_path, old)
+        emit_result({"changed": True, "converted": True, **summary(old, out)})
+        return 0
+    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and old is None)):
+        raise UserError(f"--out {out} holds something that is not a dglkit partition; give a new or empty directory")
+
+    import dgl
+
+    timings = {}
+    start = time.perf_counter()
+    try:
+        (graph,), _ = dgl.load_graphs(str(graph_file))
+    except Exception as error:  # DGL raises plain DGLError/RuntimeError for unreadable files
+        raise UserError(f"{graph_file} cannot be read ({error}); re-run `dglkit prepare`") from None
+    timings["load_s"] = lap(start)
+
+    # The old partition is stale: remove it first so that no part<i> of a larger num_parts remains.
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    manifest = {"complete": False, "dataset_dir": str(args.dataset_dir.resolve()),
+                "dataset_fingerprint": dataset["fingerprint"], "parameters": params, "graphbolt": False,
+                "part_config": part_config.name, "num_parts": args.num_parts}
+    write_json(manifest_path, manifest)  # marks the directory as ours, incomplete until the end
+
+    start = time.perf_counter()
+    orig_nids, orig_eids = dgl.distributed.partition_graph(
+        graph, args.graph_name, args.num_parts, str(out), num_hops=args.num_hops, part_method=args.part_method,
+        balance_ntypes=graph.ndata["train_mask"] if args.balance_train else None,
+        balance_edges=args.balance_edges, return_mapping=True)
+    timings["partition_s"] = lap(start)
+
+    start = time.perf_counter()
+    orig_nids, orig_eids = orig_nids.numpy(), orig_eids.numpy()
+    np.save(out / "orig_nids.npy", orig_nids)
+    np.save(out / "orig_eids.npy", orig_eids)
+    timings["mapping_s"] = lap(start)
+
+    start = time.perf_counter()
+    with open(part_config) as f:
+        config = json.load(f)
+    manifest.update(cut_and_counts(graph, config, orig_nids))
+    timings["edge_cut_s"] = lap(start)
+    if args.graphbolt:
+        timings["graphbolt_s"] = to_graphbolt(part_config)
+    manifest.update(complete=True, graphbolt=args.graphbolt, timings=timings, peak_rss_mb=round(peak_rss_mb()))
+    write_json(manifest_path, manifest)
+    emit_result({"changed": True, **summary(manifest, out)})
+    return 0
+
+
+def lap(start: float) -> float:
+    return round(time.perf_counter() - start, 3)
+
+
+def to_graphbolt(part_config: Path) -> float:
+    """Add GraphBolt graphs to a DGL-format partition; partition_graph(use_graphbolt=True) does the same
+    after partitioning, here it is a stage of its own so that its time shows and it can run alone."""
+    from dgl.distributed import dgl_partition_to_graphbolt
+
+    start = time.perf_counter()
+    dgl_partition_to_graphbolt(str(part_config))
+    return lap(start)
+
+
+def cut_and_counts(graph, config: dict[str, Any], orig_nids: np.ndarray) -> dict[str, Any]:
+    """Edge cut (DGL 2.1 prints 0 for homogeneous graphs) and owned nodes/edges/training nodes per part."""
+    node_ranges = np.array(config["node_map"]["_N"])
+    (edge_ranges,) = [np.array(ranges) for ranges in config["edge_map"].values()]
+    sizes = node_ranges[:, 1] - node_ranges[:, 0]
+    part_of = np.empty(len(orig_nids), np.int32)
+    part_of[orig_nids] = np.repeat(np.arange(len(sizes), dtype=np.int32), sizes)
+    src, dst = (ids.numpy() for ids in graph.edges())
+    cut = int(np.count_nonzero(part_of[src] != part_of[dst]))
+    train = graph.ndata["train_mask"].numpy()[orig_nids]
+    parts = [{"part": i, "nodes": int(size), "edges": int(edges[1] - edges[0]),
+              "train_nodes": int(np.count_nonzero(train[begin:end]))}
+             for i, (size, edges, (begin, end)) in enumerate(zip(sizes, edge_ranges, node_ranges))]
+    return {"num_nodes": graph.num_nodes(), "num_edges": graph.num_edges(), "parts": parts,
+            "edge_cut": {"count": cut, "fraction": round(cut / max(graph.num_edges(), 1), 6)}}
+
+
+def summary(manifest: dict[str, Any], out: Path) -> dict[str, Any]:
+    return {"out": str(out), "part_config": str(out / manifest["part_config"]), "num_parts": manifest["num_parts"],
+            "graphbolt": manifest["graphbolt"], "edge_cut_fraction": manifest["edge_cut"]["fraction"],
+            "peak_rss_mb": manifest["peak_rss_mb"]}

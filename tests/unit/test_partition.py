@@ -1,0 +1,136 @@
+"""`dglkit partition`: real METIS partitions of the shared synthetic graph, mappings, manifest, GraphBolt."""
+
+import json
+import shutil
+from pathlib import Path
+
+import dgl
+import numpy as np
+import pytest
+from dgl.data.utils import load_tensors
+
+from conftest import last_json
+
+
+def partition_args(dataset: Path, out: Path, num_parts: int, *extra: object) -> list[object]:
+    return ["partition", "--dataset-dir", dataset, "--out", out, "--num-parts", num_parts, *extra]
+
+
+@pytest.mark.parametrize("num_parts", [1, 2])
+def test_partitions_map_back_to_the_original_graph(make_partition, synthetic_dataset, num_parts):
+    part_config = make_partition(num_parts)
+    out = part_config.parent
+    config = json.loads(part_config.read_text())
+    (graph,), _ = dgl.load_graphs(str(synthetic_dataset / "graph.dgl"))
+    orig_nids, orig_eids = np.load(out / "orig_nids.npy"), np.load(out / "orig_eids.npy")
+    np.testing.assert_array_equal(np.sort(orig_nids), np.arange(graph.num_nodes()))
+    np.testing.assert_array_equal(np.sort(orig_eids), np.arange(graph.num_edges()))
+    src, dst = (ids.numpy() for ids in graph.edges())
+    for part, (begin, end) in enumerate(config["node_map"]["_N"]):
+        owned = orig_nids[begin:end]
+        feats = load_tensors(str(out / config[f"part-{part}"]["node_feats"]))
+        for name in ("feat", "labels", "train_mask", "val_mask", "test_mask"):
+            np.testing.assert_array_equal(feats[f"_N/{name}"].numpy(), graph.ndata[name].numpy()[owned])
+        # Every edge of the partition graph is an original edge once both mappings are applied.
+        (part_graph,), _ = dgl.load_graphs(str(out / config[f"part-{part}"]["part_graph"]))
+        local_src, local_dst = part_graph.edges()
+        new_src, new_dst = (part_graph.ndata[dgl.NID][ids].numpy() for ids in (local_src, local_dst))
+        eids = orig_eids[part_graph.edata[dgl.EID].numpy()]
+        np.testing.assert_array_equal(orig_nids[new_src], src[eids])
+        np.testing.assert_array_equal(orig_nids[new_dst], dst[eids])
+
+
+def test_manifest_counts_and_edge_cut(partition_1, partition_2, synthetic_dataset):
+    dataset = json.loads((synthetic_dataset / "dataset.json").read_text())
+    one, two = (json.loads((config.parent / "manifest.json").read_text()) for config in (partition_1, partition_2))
+    assert one["complete"] and two["complete"] and two["dataset_fingerprint"] == dataset["fingerprint"]
+    assert one["edge_cut"] == {"count": 0, "fraction": 0.0}
+    # Communities give METIS something to find: far fewer crossing edges than a random split's half.
+    assert 0 < two["edge_cut"]["fraction"] < 0.35
+    for manifest in (one, two):
+        assert sum(part["nodes"] for part in manifest["parts"]) == dataset["num_nodes"]
+        assert sum(part["edges"] for part in manifest["parts"]) == dataset["num_edges"]
+        assert sum(part["train_nodes"] for part in manifest["parts"]) == dataset["num_train"]
+        assert set(manifest["timings"]) == {"load_s", "partition_s", "mapping_s", "edge_cut_s"}
+        assert manifest["peak_rss_mb"] > 0 and not manifest["graphbolt"]
+    train = [part["train_nodes"] for part in two["parts"]]
+    assert abs(train[0] - train[1]) < 0.1 * sum(train), "train mask not balanced"
+
+
+def test_random_method_cuts_more_than_metis(cli, synthetic_dataset, partition_2, tmp_path):
+    code, result, _ = cli(*partition_args(synthetic_dataset, tmp_path, 2, "--part-method", "random"))
+    metis = json.loads((partition_2.parent / "manifest.json").read_text())["edge_cut"]["fraction"]
+    assert code == 0 and result["edge_cut_fraction"] > 0.4 > metis
+
+
+def test_rerun_is_noop_and_num_parts_change_repartitions(cli, synthetic_dataset, tmp_path):
+    out = tmp_path / "parts"
+    assert cli(*partition_args(synthetic_dataset, out, 2))[1]["changed"]
+    stamp = (out / "part0" / "graph.dgl").stat().st_mtime_ns
+    code, result, _ = cli(*partition_args(synthetic_dataset, out, 2))
+    assert code == 0 and not result["changed"] and (out / "part0" / "graph.dgl").stat().st_mtime_ns == stamp
+    code, result, _ = cli(*partition_args(synthetic_dataset, out, 1))
+    assert code == 0 and result["changed"] and result["num_parts"] == 1
+    assert not (out / "part1").exists(), "stale partition left behind"
+    assert json.loads((out / "graph.json").read_text())["num_parts"] == 1
+
+
+def test_dataset_change_repartitions(cli, tmp_path):
+    dataset, out = tmp_path / "data", tmp_path / "parts"
+    prepare = ["prepare", "--dataset", "synthetic", "--out", dataset, "--num-nodes", "400", "--feat-dim", "4"]
+    assert cli(*prepare)[0] == 0
+    first = cli(*partition_args(dataset, out, 2))[1]
+    assert cli(*prepare, "--seed", "5")[1]["changed"]
+    second = cli(*partition_args(dataset, out, 2))[1]
+    assert second["changed"] and second["edge_cut_fraction"] != first["edge_cut_fraction"]
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["dataset_fingerprint"] == json.loads((dataset / "dataset.json").read_text())["fingerprint"]
+
+
+def test_graphbolt_partition_loads(partition_2_graphbolt):
+    config = json.loads(partition_2_graphbolt.read_text())
+    manifest = json.loads((partition_2_graphbolt.parent / "manifest.json").read_text())
+    assert manifest["graphbolt"] and "graphbolt_s" in manifest["timings"]
+    for part in range(2):
+        assert (partition_2_graphbolt.parent / config[f"part-{part}"]["part_graph_graphbolt"]).is_file()
+        graph = dgl.distributed.load_partition(str(partition_2_graphbolt), part, use_graphbolt=True)[0]
+        dgl_graph = dgl.distributed.load_partition(str(partition_2_graphbolt), part)[0]
+        assert (graph.total_num_nodes, graph.total_num_edges) == (dgl_graph.num_nodes(), dgl_graph.num_edges())
+        assert (graph.node_attributes[dgl.NID] == dgl_graph.ndata[dgl.NID]).all()
+
+
+def test_graphbolt_converts_a_current_dgl_partition(cli, synthetic_dataset, partition_2, tmp_path):
+    out = tmp_path / "parts"
+    shutil.copytree(partition_2.parent, out)
+    stamp = (out / "part0" / "graph.dgl").stat().st_mtime_ns
+    code, result, _ = cli(*partition_args(synthetic_dataset, out, 2, "--graph-name", "graph", "--graphbolt"))
+    assert code == 0 and result["changed"] and result.get("converted") and result["graphbolt"]
+    assert (out / "part0" / "graph.dgl").stat().st_mtime_ns == stamp, "re-partitioned instead of converting"
+    assert all((out / f"part{part}" / "fused_csc_sampling_graph.pt").is_file() for part in range(2))
+    assert not cli(*partition_args(synthetic_dataset, out, 2, "--graphbolt"))[1]["changed"]
+    # GraphBolt partitions keep the DGL files, so asking for DGL format only is still a no-op.
+    assert not cli(*partition_args(synthetic_dataset, out, 2))[1]["changed"]
+
+
+@pytest.mark.parametrize("num_parts, message", [(0, "--num-parts must be between 1 and the 4000 nodes"),
+                                                (4001, "--num-parts must be between 1 and the 4000 nodes")])
+def test_bad_num_parts(cli, synthetic_dataset, tmp_path, num_parts, message):
+    code, _, err = cli(*partition_args(synthetic_dataset, tmp_path / "parts", num_parts))
+    assert code == 2 and message in err and not (tmp_path / "parts").exists()
+
+
+def test_missing_dataset_and_foreign_out_dir(cli, synthetic_dataset, tmp_path):
+    code, _, err = cli(*partition_args(tmp_path / "nope", tmp_path / "parts", 2))
+    assert code == 2 and "is not a prepared dataset" in err and "dglkit prepare" in err
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep me")
+    code, _, err = cli(*partition_args(synthetic_dataset, tmp_path / "mine", 2))
+    assert code == 2 and "not a dglkit partition" in err and (tmp_path / "mine" / "notes.txt").exists()
+    code, _, err = cli(*partition_args(synthetic_dataset, tmp_path / "p", 2, "--graph-name", "a/b"))
+    assert code == 2 and "--graph-name" in err
+
+
+def test_cli_prints_result_last(dglkit, partition_2, synthetic_dataset):
+    proc = dglkit(*partition_args(synthetic_dataset, partition_2.parent, 2))
+    result = last_json(proc.stdout)
+    assert result["changed"] is False and result["num_parts"] == 2 and result["part_config"] == str(partition_2)
