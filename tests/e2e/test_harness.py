@@ -170,3 +170,15 @@ def test_boot_timeout_names_the_host(testcluster_cli: Callable[..., subprocess.C
         testcluster_cli("down", "--name", "harness-slow")
     assert artefacts("harness-slow") == []
 
+
+
+def test_stage_twice_rebuilds_nothing(testcluster_cli: Callable[..., subprocess.CompletedProcess]) -> None:
+    first = testcluster_cli("stage")
+    root = Path(first.stdout.split()[1])
+    before = {p: p.stat().st_mtime_ns for p in [root, root / "etc", Path("/var/cache/dglkit/aptrepo/Packages")]}
+    second = testcluster_cli("stage")
+    assert second.stdout == first.stdout
+    assert "[stage]" not in second.stderr, second.stderr
+    assert {p: p.stat().st_mtime_ns for p in before} == before
+    assert (root / "etc/machine-id").read_text() == "" and not list(root.glob("etc/ssh/ssh_host_*"))
+    assert (root / "etc/apt/sources.list").read_text() == "" and not list(root.glob("etc/apt/sources.list.d/*"))
