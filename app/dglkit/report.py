@@ -1,0 +1,142 @@
+"""`dglkit report`: summarise a job from the trainer's metrics.jsonl (and result.json when present).
+
+Writes <job dir>/summary.json, summary.txt (one screen) and curves.png (loss, accuracy and epoch time per
+epoch). Nothing is rewritten when the summary is unchanged.
+"""
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+from dglkit.common import UserError, emit_result, read_json, write_json
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--job-dir", required=True, type=Path, help="job directory holding metrics.jsonl")
+
+
+def run(args: argparse.Namespace) -> int:
+    job_dir: Path = args.job_dir
+    events = read_metrics(job_dir / "metrics.jsonl")
+    summary = summarise(job_dir, events, read_json(job_dir / "result.json"))
+    outputs = [job_dir / name for name in ("summary.json", "summary.txt", "curves.png")]
+    if read_json(outputs[0]) == summary and all(path.is_file() for path in outputs):
+        emit_result({"changed": False, "summary": str(outputs[1]), **headline(summary)})
+        return 0
+    epochs = [event for event in events if event.get("event") == "epoch"]
+    plot(epochs, summary, outputs[2])
+    outputs[1].write_text(text(summary))
+    write_json(outputs[0], summary)
+    emit_result({"changed": True, "summary": str(outputs[1]), **headline(summary)})
+    return 0
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        raise UserError(f"{path} not found: pass the --job-dir whose trainer wrote metrics.jsonl")
+    lines = path.read_text().splitlines()
+    events = []
+    for number, line in enumerate(lines, 1):
+        try:
+            events.append(json.loads(line))
+        except ValueError:
+            if number < len(lines):  # a killed trainer may leave half a last line; anything else is corrupt
+                raise UserError(f"{path}:{number}: not a JSON line") from None
+    if not any(event.get("event") == "epoch" for event in events):
+        raise UserError(f"{path} has no epoch line yet: the job has not finished an epoch")
+    return events
+
+
+def summarise(job_dir: Path, events: list[dict[str, Any]], result: dict[str, Any] | None) -> dict[str, Any]:
+    start = next((event for event in events if event.get("event") == "start"), {})
+    epochs = [event for event in events if event.get("event") == "epoch"]
+    test = next((event for event in reversed(events) if event.get("event") == "test"), result or {})
+    partition = read_json(Path(start["part_config"])) if start.get("part_config") else None
+    machines = partition.get("num_parts") if partition else None
+    trainers = start.get("num_trainers", epochs[-1].get("num_trainers"))
+    best = max(epochs, key=lambda event: event["val_acc"])
+    # The first epoch carries start-up costs (connections, caches); later ones show the steady state.
+    steady = epochs[1:] or epochs
+    summary = {
+        "job_dir": str(job_dir.resolve()), "dataset": describe_dataset(start.get("part_config")),
+        "graph_name": partition.get("graph_name") if partition else None,
+        "machines": machines, "trainers": trainers,
+        "trainers_per_machine": trainers // machines if machines and trainers else None,
+        "graphbolt": start.get("graphbolt"), "epochs": len(epochs), "planned_epochs": start.get("num_epochs"),
+        "final_loss": epochs[-1]["loss"], "final_val_acc": epochs[-1]["val_acc"],
+        "best_val_acc": best["val_acc"], "best_epoch": best["epoch"], "test_acc": test.get("test_acc"),
+        "mean_epoch_time": statistics.fmean(event["epoch_time"] for event in steady),
+        "first_epoch_time": epochs[0]["epoch_time"],
+        "seeds_per_s": statistics.fmean(event["seeds_per_s"] for event in steady),
+        "complete": "test_acc" in test, "result": result,
+    }
+    summary["title"] = f"{summary['dataset'] or job_dir.name}: {machines or '?'} machines x " \
+                       f"{summary['trainers_per_machine'] or '?'} trainers"
+    return summary
+
+
+def describe_dataset(part_config: str | None) -> str | None:
+    """'<source> (N nodes, E edges)' through the partition's manifest and the dataset it names."""
+    if not part_config:
+        return None
+    manifest = read_json(Path(part_config).parent / "manifest.json")
+    dataset = read_json(Path(manifest["dataset_dir"]) / "dataset.json") if manifest else None
+    if not dataset:
+        return Path(part_config).stem
+    return f"{dataset['source']} ({dataset['num_nodes']:,} nodes, {dataset['num_edges']:,} edges)"
+
+
+def percent(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.2f}%"
+
+
+def text(summary: dict[str, Any]) -> str:
+    lines = [
+        summary["title"],
+        f"epochs          {summary['epochs']} of {summary['planned_epochs'] or '?'}"
+        f"{'' if summary['complete'] else '  (no test result: job incomplete)'}",
+        f"val accuracy    final {percent(summary['final_val_acc'])}, best {percent(summary['best_val_acc'])} "
+        f"(epoch {summary['best_epoch']})",
+        f"test accuracy   {percent(summary['test_acc'])}",
+        f"final loss      {summary['final_loss']:.4f}",
+        f"epoch time      {summary['mean_epoch_time']:.2f} s mean after the first ({summary['first_epoch_time']:.2f} s)",
+        f"throughput      {summary['seeds_per_s']:,.0f} seeds/s",
+        f"graphbolt       {'yes' if summary['graphbolt'] else 'no'}",
+        f"job             {summary['job_dir']}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def headline(summary: dict[str, Any]) -> dict[str, Any]:
+    return {key: summary[key] for key in ("epochs", "final_val_acc", "best_val_acc", "test_acc", "mean_epoch_time")}
+
+
+def plot(epochs: list[dict[str, Any]], summary: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")  # nodes have no display
+    import matplotlib.pyplot as plt
+
+    x = [event["epoch"] for event in epochs]
+    fig, (loss, acc, seconds) = plt.subplots(1, 3, figsize=(13, 3.8))
+    loss.plot(x, [event["loss"] for event in epochs], marker="o")
+    loss.set(title="training loss", xlabel="epoch")
+    acc.plot(x, [event["train_acc"] for event in epochs], marker="o", label="train")
+    acc.plot(x, [event["val_acc"] for event in epochs], marker="o", label="validation")
+    if summary["test_acc"] is not None:
+        acc.axhline(summary["test_acc"], color="grey", linestyle="--", label="test (final)")
+    acc.set(title="accuracy", xlabel="epoch", ylim=(0, 1))
+    acc.legend()
+    seconds.bar(x, [event["epoch_time"] for event in epochs])
+    seconds.set(title="epoch time (s)", xlabel="epoch")
+    for axis in (loss, acc, seconds):
+        axis.grid(alpha=0.3)
+        axis.xaxis.get_major_locator().set_params(integer=True)
+    fig.suptitle(summary["title"])
+    fig.tight_layout()
+    tmp = path.with_name(path.name + ".tmp.png")
+    fig.savefig(tmp, dpi=90)
+    plt.close(fig)
+    tmp.replace(path)

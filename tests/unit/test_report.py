@@ -1,0 +1,66 @@
+"""`dglkit report` on metrics written in the trainer's format (docs/design.md)."""
+
+import json
+from pathlib import Path
+
+import matplotlib.image
+import pytest
+
+EPOCHS = [
+    {"event": "epoch", "epoch": 0, "loss": 1.5, "train_acc": 0.40, "val_acc": 0.55, "epoch_time": 4.0,
+     "seeds_per_s": 500.0, "num_trainers": 4},
+    {"event": "epoch", "epoch": 1, "loss": 0.9, "train_acc": 0.70, "val_acc": 0.81, "epoch_time": 2.0,
+     "seeds_per_s": 1000.0, "num_trainers": 4},
+    {"event": "epoch", "epoch": 2, "loss": 0.7, "train_acc": 0.78, "val_acc": 0.79, "epoch_time": 3.0,
+     "seeds_per_s": 700.0, "num_trainers": 4},
+]
+
+
+def write_job(job: Path, part_config: Path, test: bool = True, tail: str = "") -> None:
+    job.mkdir(parents=True, exist_ok=True)
+    events = [{"event": "start", "part_config": str(part_config), "num_epochs": 3, "graphbolt": True,
+               "num_trainers": 4}, *EPOCHS]
+    if test:
+        events.append({"event": "test", "test_acc": 0.77, "val_acc": 0.79})
+    (job / "metrics.jsonl").write_text("".join(json.dumps(event) + "\n" for event in events) + tail)
+
+
+def test_report_summary_and_curves(cli, partition_2, tmp_path):
+    write_job(tmp_path, partition_2)
+    (tmp_path / "result.json").write_text(json.dumps({"test_acc": 0.77, "num_classes": 5}))
+    code, result, _ = cli("report", "--job-dir", tmp_path)
+    assert code == 0 and result["changed"] and result["best_val_acc"] == 0.81
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["machines"] == 2 and summary["trainers"] == 4 and summary["trainers_per_machine"] == 2
+    assert summary["dataset"] == "synthetic (4,000 nodes, {:,} edges)".format(
+        json.loads((partition_2.parent / "manifest.json").read_text())["num_edges"])
+    assert (summary["epochs"], summary["best_epoch"], summary["final_val_acc"], summary["test_acc"]) == (3, 1, 0.79, 0.77)
+    assert summary["mean_epoch_time"] == 2.5 and summary["seeds_per_s"] == 850.0 and summary["complete"]
+    assert summary["result"] == {"test_acc": 0.77, "num_classes": 5}
+    text = (tmp_path / "summary.txt").read_text()
+    assert "2 machines x 2 trainers" in text and "best 81.00% (epoch 1)" in text and "77.00%" in text
+    assert len(text.splitlines()) <= 24
+    image = matplotlib.image.imread(tmp_path / "curves.png")
+    assert image.shape[0] > 200 and image.shape[1] > 800 and image.std() > 0.05
+    stamp = (tmp_path / "curves.png").stat().st_mtime_ns
+    code, again, _ = cli("report", "--job-dir", tmp_path)
+    assert code == 0 and not again["changed"] and (tmp_path / "curves.png").stat().st_mtime_ns == stamp
+
+
+def test_report_of_an_unfinished_job(cli, partition_1, tmp_path):
+    write_job(tmp_path, partition_1, test=False, tail='{"event": "epo')  # killed mid-write
+    code, result, _ = cli("report", "--job-dir", tmp_path)
+    assert code == 0 and result["test_acc"] is None and result["epochs"] == 3
+    assert "job incomplete" in (tmp_path / "summary.txt").read_text()
+
+
+@pytest.mark.parametrize("content, message", [
+    (None, "metrics.jsonl not found"),
+    ('{"event": "start"}\n', "has no epoch line yet"),
+    ('{"event": "start"}\nnot json\n' + json.dumps(EPOCHS[0]) + "\n", "metrics.jsonl:2: not a JSON line"),
+])
+def test_report_bad_metrics(cli, tmp_path, content, message):
+    if content is not None:
+        (tmp_path / "metrics.jsonl").write_text(content)
+    code, _, err = cli("report", "--job-dir", tmp_path)
+    assert code == 2 and message in err and not (tmp_path / "summary.json").exists()
