@@ -1,0 +1,109 @@
+"""roles/dgl_job without hosts: id derivation, job.json rendering and the rejection of bad settings.
+
+One real ansible-playbook run (tests/kit/job_role.yml) against an inventory whose hosts are all local
+connections; the play prints records through debug (no module runs on a host) that the JSON callback hands us.
+"""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+
+
+@pytest.fixture(scope="module")
+def records(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    inventory = tmp_path_factory.mktemp("inventory") / "hosts.yml"
+    local = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+    inventory.write_text(yaml.safe_dump({"all": {"children": {"cluster": {"vars": local, "children": {
+        "storage": {"hosts": {"node1": {"ansible_host": "10.9.0.11"}}},
+        "workers": {"hosts": {"node2": {"ansible_host": "10.9.0.12"},
+                              "node3": {"ansible_host": "10.9.0.13", "dglkit_cluster_address": "10.8.0.13"}}},
+    }}}}}))
+    env = {**os.environ, "ANSIBLE_STDOUT_CALLBACK": "json", "ANSIBLE_NOCOLOR": "1"}
+    proc = subprocess.run([BIN / "ansible-playbook", "-i", inventory, "tests/kit/job_role.yml", "-e", f"repo={REPO}"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    found = {}
+    for play in json.loads(proc.stdout)["plays"]:
+        for task in play["tasks"]:
+            for result in task["hosts"].values():
+                msg = result.get("msg")
+                if isinstance(msg, dict) and "record" in msg:
+                    found[msg["record"]] = msg["value"]
+    return found
+
+
+def ids(records: dict, case: str) -> dict:
+    return records[f"ids-{case}"]
+
+
+def test_same_settings_give_the_same_ids(records: dict) -> None:
+    # -e key=value hands every value over as a string: it must not count as another job.
+    defaults, strings = ids(records, "defaults"), ids(records, "strings")
+    assert (defaults["dataset"], defaults["partition"], defaults["job"]) == \
+           (strings["dataset"], strings["partition"], strings["job"])
+    assert defaults["job"].startswith("synthetic-2w-")
+    assert defaults["partition"] == defaults["dataset"] + "-2p"
+    assert defaults["dir"] == f"/srv/dglkit/jobs/{defaults['job']}"
+
+
+def test_training_settings_change_the_job_but_not_the_partition(records: dict) -> None:
+    defaults = ids(records, "defaults")
+    for case in ("epochs", "graphbolt"):
+        other = ids(records, case)
+        assert other["partition"] == defaults["partition"], case
+        assert other["job"] != defaults["job"], case
+
+
+def test_dataset_settings_change_dataset_partition_and_job(records: dict) -> None:
+    defaults, bigger = ids(records, "defaults"), ids(records, "nodes")
+    assert bigger["dataset"] != defaults["dataset"]
+    assert bigger["partition"] != defaults["partition"]
+    assert bigger["job"] != defaults["job"]
+
+
+def test_an_added_worker_gives_a_new_partition_and_job(records: dict) -> None:
+    defaults, resized = ids(records, "defaults"), ids(records, "resized")
+    assert resized["dataset"] == defaults["dataset"]
+    assert resized["partition"] == defaults["dataset"] + "-3p"
+    assert resized["job"].startswith("synthetic-3w-") and resized["job"] != defaults["job"]
+    assert resized["nodes"] == ["node2", "node3", "node4"]
+    assert resized["job_json"]["nodes"] == ["node2", "node3", "node4"]
+    assert resized["job_json"]["part_config"].endswith(f"/{resized['partition']}/synthetic.json")
+
+
+def test_a_job_id_set_by_the_user_is_kept(records: dict) -> None:
+    named = ids(records, "named")
+    assert named["job"] == "my-job.1" and named["dir"] == "/srv/dglkit/jobs/my-job.1"
+
+
+def test_job_json_holds_typed_settings_and_workspace_paths(records: dict) -> None:
+    job = ids(records, "defaults")["job_json"]
+    assert job["job_id"] == ids(records, "defaults")["job"]
+    assert job["job_dir"] == ids(records, "defaults")["dir"]
+    assert job["ip_config"] == "/srv/dglkit/ip_config.txt"
+    assert job["part_config"] == f"/srv/dglkit/partitions/{ids(records, 'defaults')['partition']}/synthetic.json"
+    assert job["nodes"] == ["node2", "node3"]
+    assert (job["epochs"], job["fan_out"], job["lr"], job["graphbolt"]) == (5, [10, 25], 0.003, False)
+    assert (job["servers"], job["trainers"], job["master_port"]) == (1, 1, 29500)
+
+
+@pytest.mark.parametrize("case, message", [
+    ("epochs-word", "argument 'dgl_job_epochs' is of type"),
+    ("graphbolt-word", "'maybe' is not a valid boolean"),
+    ("fan-out-word", "option 'dgl_job_fan_out'"),
+    ("dataset", "dgl_job_dataset=products: use synthetic, files or an ogbn-* name"),
+    ("fan-out-layers", "dgl_job_fan_out=5,10,15 needs 2 values, one per layer"),
+    ("dropout", "dgl_job_dropout=1.5: use a value in [0, 1)"),
+    ("trainers", "dgl_job_trainers must be >= 1"),
+    ("files-path", "dgl_job_dataset=files needs dgl_job_files_path"),
+    ("job-id", "dgl_job_id=../elsewhere: use letters, digits"),
+])
+def test_bad_settings_fail_with_a_message_that_names_them(records: dict, case: str, message: str) -> None:
+    assert message in records[f"reject-{case}"]
