@@ -1,0 +1,506 @@
+"""Start and supervise this node's DGL servers and trainers (DGL's tools/launch.py, one node at a time).
+
+Runs on every worker. Starts `num_servers` DGL servers and one torchrun for the trainers with DGL's launcher
+environment, then watches them: a process that fails, trainers whose logs stop growing, or a FAILED file
+written by another node's launcher stop everything this node started. Afterwards no process, listening port
+or /dev/shm file of the job is left. Logs, one per process, go to <job dir>/nodes/<node>/: server-<i>.log,
+trainer-<rank>.log (each trainer and its samplers), torchrun.log (torchrun's own output) and launcher.log.
+"""
+
+import argparse
+import ctypes
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+from dglkit.common import UserError, emit_result, read_json, write_json
+
+# Settings and their defaults; job.json uses the same keys, flags override it.
+DEFAULTS = {
+    "ip_config": None,
+    "part_config": None,
+    "job_dir": None,
+    "node_name": socket.gethostname(),
+    "machine_id": None,
+    "num_servers": 1,
+    "num_trainers": 1,
+    "num_samplers": 0,
+    "server_threads": 1,
+    "trainer_threads": None,
+    "master_port": 29500,
+    "server_port": 30050,
+    "stall_timeout": 120.0,
+    "connect_retries": 10,
+    "grace": 10.0,
+    "local": False,
+    "train_args": [],
+}
+STATUS_EVERY = 2.0
+POLL = 0.5
+PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    # Defaults stay None here so that a flag given on the command line can be told from job.json's value.
+    parser.add_argument("--config", help="job.json: keys are this command's long flag names with underscores")
+    parser.add_argument("--ip-config", help="DGL ip_config: one '<address> <port>' line per machine")
+    parser.add_argument("--part-config", help="partition json; its num_parts must equal ip_config's lines")
+    parser.add_argument("--job-dir", help="shared job directory (default: the --config file's directory)")
+    parser.add_argument("--node-name", help="name of this node's log directory (default: hostname)")
+    parser.add_argument("--machine-id", type=int, help="this node's ip_config line, 0-based (default: the line "
+                        "whose address is on a local interface)")
+    parser.add_argument("--num-servers", type=int, help="DGL servers on this node (default 1)")
+    parser.add_argument("--num-trainers", type=int, help="trainer processes on this node (default 1)")
+    parser.add_argument("--num-samplers", type=int, help="sampler processes per trainer (default 0)")
+    parser.add_argument("--server-threads", type=int, help="OMP threads per server (default 1)")
+    parser.add_argument("--trainer-threads", type=int, help="OMP threads per trainer (default cpus/2/trainers)")
+    parser.add_argument("--master-port", type=int, help="torch.distributed port on machine 0 (default 29500)")
+    parser.add_argument("--server-port", type=int, help="with --local: first DGL server port (default 30050)")
+    parser.add_argument("--stall-timeout", type=float, help="stop the job when no trainer log grew for this many "
+                        "seconds (default 120)")
+    parser.add_argument("--connect-retries", type=int, help="DGL connect attempts, 3 s apart, before a trainer "
+                        "gives up on a server (default 10)")
+    parser.add_argument("--grace", type=float, help="seconds between SIGTERM and SIGKILL when stopping (default 10)")
+    parser.add_argument("--local", action="store_true", default=None,
+                        help="run the whole job on this machine (127.0.0.1, a 1-part partition)")
+    parser.add_argument("train_args", nargs=argparse.REMAINDER, help="-- then `dglkit train` arguments")
+
+
+def settings(args: argparse.Namespace) -> argparse.Namespace:
+    """Flags over job.json over defaults."""
+    config = {}
+    if args.config:
+        try:
+            config = json.loads(Path(args.config).read_text())
+        except (OSError, ValueError) as error:
+            raise UserError(f"cannot read --config {args.config}: {error}")
+        unknown = sorted(set(config) - set(DEFAULTS))
+        if unknown:
+            raise UserError(f"{args.config}: unknown keys {unknown}; valid keys are {sorted(DEFAULTS)}")
+        config.setdefault("job_dir", str(Path(args.config).resolve().parent))
+    flags = {key: getattr(args, key) for key in DEFAULTS}
+    if flags["train_args"] and flags["train_args"][0] == "--":
+        flags["train_args"] = flags["train_args"][1:]
+    merged = {key: flags[key] if flags[key] not in (None, []) else config.get(key, default)
+              for key, default in DEFAULTS.items()}
+    if merged["trainer_threads"] is None:
+        merged["trainer_threads"] = max((os.cpu_count() or 1) // 2 // max(merged["num_trainers"], 1), 1)
+    return argparse.Namespace(**merged)
+
+
+def read_ip_config(path: Path) -> list[tuple[str, int]]:
+    machines = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        fields = line.split()
+        if not fields:
+            continue
+        try:
+            socket.inet_aton(fields[0])
+            machines.append((fields[0], int(fields[1]) if len(fields) > 1 else DEFAULTS["server_port"]))
+        except (OSError, ValueError):
+            raise UserError(f"{path} line {number}: expected '<IPv4 address> <port>', got {line!r}")
+    if not machines:
+        raise UserError(f"{path} is empty: it needs one '<address> <port>' line per machine")
+    return machines
+
+
+def local_interfaces() -> dict[str, str]:
+    """IPv4 address -> interface name, for every local interface."""
+    return {addr.address: name for name, addrs in psutil.net_if_addrs().items()
+            for addr in addrs if addr.family == socket.AF_INET}
+
+
+def check_port_free(address: str, port: int, purpose: str) -> None:
+    with socket.socket() as probe:
+        # SO_REUSEADDR: a port in TIME_WAIT is reusable by DGL and torch too, so it is not "in use".
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((address, port))
+        except OSError as error:
+            raise UserError(f"port {port} on {address} ({purpose}) is not free: {error.strerror}; stop what "
+                            "holds it or choose another port")
+
+
+def preflight(cfg: argparse.Namespace) -> dict:
+    """Every check that can fail before anything starts; returns the derived layout of the job."""
+    if not cfg.job_dir:
+        raise UserError("no job directory: pass --job-dir or --config <job dir>/job.json")
+    if not cfg.part_config:
+        raise UserError("no partition: pass --part-config <partition dir>/<graph>.json")
+    job_dir = Path(cfg.job_dir).resolve()
+    failed = read_json(job_dir / "FAILED")
+    if failed is not None or (job_dir / "FAILED").exists():
+        raise UserError(f"{job_dir}/FAILED exists (node {(failed or {}).get('node')}): this job has failed; "
+                        "start a new job directory")
+    if cfg.local:
+        job_dir.mkdir(parents=True, exist_ok=True)
+        ip_config = job_dir / "ip_config.txt"
+        ip_config.write_text(f"127.0.0.1 {cfg.server_port}\n")
+    elif not cfg.ip_config:
+        raise UserError("no ip_config: pass --ip-config (or --local to run on this machine alone)")
+    else:
+        ip_config = Path(cfg.ip_config).resolve()
+    if not ip_config.is_file():
+        raise UserError(f"ip_config {ip_config} not found")
+    machines = read_ip_config(ip_config)
+    part_config = Path(cfg.part_config).resolve()
+    if not part_config.is_file():
+        raise UserError(f"partition config {part_config} not found: pass the <graph>.json of `dglkit partition`")
+    try:
+        num_parts = int(json.loads(part_config.read_text())["num_parts"])
+    except (ValueError, KeyError, TypeError) as error:
+        raise UserError(f"{part_config} is not a DGL partition config ({error!r}): re-run `dglkit partition`")
+    if num_parts != len(machines):
+        raise UserError(f"{part_config} has {num_parts} partitions but {ip_config} lists {len(machines)} "
+                        "machines: partition the graph for as many machines as ip_config has lines")
+
+    interfaces = local_interfaces()
+    if cfg.machine_id is not None:
+        if not 0 <= cfg.machine_id < len(machines):
+            raise UserError(f"--machine-id {cfg.machine_id} is not a line of {ip_config} (0..{len(machines) - 1})")
+        machine_id = cfg.machine_id
+    else:
+        local_lines = [i for i, (address, _) in enumerate(machines) if address in interfaces]
+        if not local_lines:
+            raise UserError(f"none of this node's addresses {sorted(interfaces)} is in {ip_config}: run on a "
+                            "listed machine or pass --machine-id")
+        machine_id = local_lines[0]
+    address, port = machines[machine_id]
+    for s in range(cfg.num_servers):
+        check_port_free(address, port + s, f"DGL server {s}")
+    if machine_id == 0:
+        check_port_free(address, cfg.master_port, "torch.distributed master port")
+    for key in ("num_servers", "num_trainers", "grace", "stall_timeout", "connect_retries"):
+        if getattr(cfg, key) <= 0:
+            raise UserError(f"--{key.replace('_', '-')} must be positive, got {getattr(cfg, key)}")
+    return {"job_dir": job_dir, "ip_config": ip_config, "part_config": part_config, "machines": machines,
+            "machine_id": machine_id, "address": address, "port": port,
+            "ifname": interfaces.get(address, "lo"), "node_dir": job_dir / "nodes" / cfg.node_name}
+
+
+class Launcher:
+    """This node's processes, their state and the orderly stop of all of them."""
+
+    def __init__(self, cfg: argparse.Namespace, job: dict):
+        self.cfg, self.job = cfg, job
+        self.node_dir: Path = job["node_dir"]
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.logs: dict[str, Path] = {}
+        self.pgids: set[int] = set()
+        self.state, self.reason = "starting", ""
+        self.status_written = 0.0
+        self.signal_received = 0
+        self.shm_before = set(os.listdir("/dev/shm"))
+        self.log_file = None
+
+    def say(self, message: str) -> None:
+        line = f"{time.strftime('%H:%M:%S')} launch[{self.cfg.node_name}]: {message}"
+        print(line, file=sys.stderr, flush=True)
+        if self.log_file:
+            self.log_file.write(line + "\n")
+            self.log_file.flush()
+
+    def start(self, name: str, command: list[str], env: dict[str, str], log: Path) -> None:
+        with open(log, "ab") as out:
+            # Own process group (stopped by PGID); SIGTERM if the launcher itself dies.
+            self.procs[name] = subprocess.Popen(
+                command, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                cwd=self.job["job_dir"], start_new_session=True, preexec_fn=die_with_parent)
+        self.logs[name] = log
+        self.pgids.add(self.procs[name].pid)
+        self.say(f"started {name} (pid {self.procs[name].pid}), log {log}")
+
+    def start_all(self) -> None:
+        cfg, job = self.cfg, self.job
+        num_machines = len(job["machines"])
+        train = [sys.executable, "-m", "dglkit", "train", "--ip-config", str(job["ip_config"]),
+                 "--part-config", str(job["part_config"]), "--out-dir", str(job["job_dir"]), *cfg.train_args]
+        env = dict(os.environ, DGLBACKEND="pytorch", PYTHONUNBUFFERED="1",
+                   GLOO_SOCKET_IFNAME=job["ifname"], DGL_DIST_MAX_TRY_TIMES=str(cfg.connect_retries),
+                   DGL_NUM_CLIENT=str(cfg.num_trainers * (1 + cfg.num_samplers) * num_machines),
+                   DGL_CONF_PATH=str(job["part_config"]), DGL_IP_CONFIG=str(job["ip_config"]),
+                   DGL_NUM_SERVER=str(cfg.num_servers), DGL_NUM_SAMPLER=str(cfg.num_samplers))
+        for s in range(cfg.num_servers):
+            server_env = dict(env, DGL_ROLE="server", DGL_SERVER_ID=str(job["machine_id"] * cfg.num_servers + s),
+                              DGL_GRAPH_FORMAT="csc", OMP_NUM_THREADS=str(cfg.server_threads))
+            self.start(f"server-{s}", train, server_env, self.node_dir / f"server-{s}.log")
+        # Trainers connect to every server with a bounded number of retries: start them once ours listen.
+        self.wait_for_servers_listening()
+        if self.state != "starting":
+            return
+        trainer_env = dict(env, DGL_DIST_MODE="distributed", DGL_ROLE="client", DGL_GROUP_ID="0",
+                           OMP_NUM_THREADS=str(cfg.trainer_threads), DGLKIT_TRAINER_LOG_DIR=str(self.node_dir))
+        torchrun = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={cfg.num_trainers}",
+                    f"--nnodes={num_machines}", f"--node_rank={job['machine_id']}",
+                    f"--master_addr={job['machines'][0][0]}", f"--master_port={cfg.master_port}",
+                    "--monitor-interval=1", *train[1:]]
+        self.start("trainers", torchrun, trainer_env, self.node_dir / "torchrun.log")
+        self.set_state("running")
+
+    def wait_for_servers_listening(self) -> None:
+        ports = {self.job["port"] + s for s in range(self.cfg.num_servers)}
+        deadline = time.time() + self.cfg.stall_timeout
+        while self.state == "starting":
+            listening = {conn.laddr.port for name, proc in self.procs.items() if proc.poll() is None
+                         for conn in safe_connections(proc.pid) if conn.status == psutil.CONN_LISTEN}
+            if ports <= listening:
+                return
+            if self.check_processes() or self.check_outside() or time.time() > deadline:
+                if self.state == "starting":
+                    self.fail("servers", None, f"servers did not listen on ports {sorted(ports)} within "
+                              f"{self.cfg.stall_timeout:.0f} s", self.logs["server-0"])
+                return
+            self.write_status()
+            time.sleep(POLL)
+
+    def supervise(self) -> None:
+        sizes: dict[Path, int] = {}
+        last_growth = time.time()
+        while self.state == "running":
+            self.track_descendants()
+            for log in self.node_dir.glob("trainer-*.log"):
+                size = log.stat().st_size
+                if sizes.get(log) != size:
+                    sizes[log], last_growth = size, time.time()
+            if self.check_processes() or self.check_outside():
+                return
+            trainers = self.procs["trainers"].poll()
+            if trainers == 0:
+                self.wait_for_servers_exit()
+                return
+            if time.time() - last_growth > self.cfg.stall_timeout:
+                log = max(sizes, key=lambda p: p.stat().st_mtime) if sizes else self.logs["trainers"]
+                self.fail("trainers", None, f"stalled: no trainer log grew for {self.cfg.stall_timeout:.0f} s", log)
+                return
+            self.write_status()
+            time.sleep(POLL)
+
+    def wait_for_servers_exit(self) -> None:
+        """Servers exit by themselves once every trainer of the job is done; other nodes may still finish."""
+        self.say("trainers finished; waiting for the servers to exit")
+        deadline = time.time() + self.cfg.stall_timeout
+        while time.time() < deadline:
+            if self.check_processes() or self.check_outside():
+                return
+            if all(proc.poll() is not None for proc in self.procs.values()):
+                self.set_state("succeeded")
+                return
+            self.write_status()
+            time.sleep(POLL)
+        self.set_state("succeeded", f"servers did not exit {self.cfg.stall_timeout:.0f} s after the trainers "
+                       "finished; stopped them")
+
+    def check_processes(self) -> bool:
+        """A local process that failed: fail the job."""
+        for name, proc in self.procs.items():
+            code = proc.poll()
+            if code not in (None, 0):
+                if name == "trainers":
+                    name, log = self.failed_trainer()
+                else:
+                    log = self.logs[name]
+                self.fail(name, code, f"{name} exited with {describe_exit(code)}", log)
+                return True
+        return False
+
+    def failed_trainer(self) -> tuple[str, Path]:
+        """torchrun's error report names the first rank that failed; point at that trainer's log."""
+        report = self.logs["trainers"].read_text(errors="replace")
+        found = re.search(r"Root Cause.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", report, re.S)
+        if not found:
+            return "trainers", self.logs["trainers"]
+        rank, code = int(found.group(1)), int(found.group(2))
+        log = self.node_dir / f"trainer-{rank}.log"
+        self.say(f"torchrun reports trainer rank {rank} exited with {describe_exit(code)}")
+        return f"trainer-{rank}", log if log.exists() else self.logs["trainers"]
+
+    def check_outside(self) -> bool:
+        """A stop request (signal) or another node's FAILED file."""
+        if self.signal_received:
+            self.set_state("stopped", f"received {signal.Signals(self.signal_received).name}")
+            return True
+        failed = read_json(self.job["job_dir"] / "FAILED")
+        if failed is not None:
+            self.set_state("failed", f"node {failed.get('node')} failed ({failed.get('process')}: "
+                           f"{failed.get('reason')}); stopped this node's processes")
+            return True
+        return False
+
+    def fail(self, process: str, code: int | None, reason: str, log: Path) -> None:
+        """Record the failure and, if no other node was first, write the job's FAILED file."""
+        tail = log_tail(log)
+        self.set_state("failed", f"{process}: {reason}")
+        self.say(f"FAILED: {process}: {reason}; last lines of {log}:\n    " + "\n    ".join(tail))
+        record = {"node": self.cfg.node_name, "process": process, "exit_code": code, "reason": reason,
+                  "log": str(log), "log_tail": tail, "time": time.time()}
+        tmp = self.job["job_dir"] / f".FAILED.{self.cfg.node_name}.{os.getpid()}"
+        tmp.write_text(json.dumps(record, indent=1) + "\n")
+        try:
+            # link() is atomic and refuses to overwrite, on NFS too: the first failing node wins.
+            os.link(tmp, self.job["job_dir"] / "FAILED")
+        except FileExistsError:
+            pass
+        tmp.unlink()
+
+    def set_state(self, state: str, reason: str = "") -> None:
+        self.state, self.reason = state, reason
+        self.write_status(force=True)
+
+    def write_status(self, force: bool = False) -> None:
+        if not force and time.time() - self.status_written < STATUS_EVERY:
+            return
+        processes = [{"name": name, "pid": proc.pid, "returncode": proc.poll()} for name, proc in self.procs.items()]
+        write_json(self.node_dir / "status.json", {"node": self.cfg.node_name, "state": self.state,
+                                                   "reason": self.reason, "updated": time.time(),
+                                                   "processes": processes})
+        self.status_written = time.time()
+
+    def track_descendants(self) -> None:
+        """Trainers run in their own sessions (torchrun's choice): remember their groups to stop them too."""
+        for child in psutil.Process().children(recursive=True):
+            try:
+                self.pgids.add(os.getpgid(child.pid))
+            except ProcessLookupError:
+                pass
+
+    def stop_all(self) -> None:
+        """SIGTERM every process group we started, SIGKILL after the grace period; reap; clean /dev/shm."""
+        self.track_descendants()
+        if self.alive():
+            self.say(f"stopping process groups {sorted(self.pgids)}")
+            signal_groups(self.pgids, signal.SIGTERM)
+            deadline = time.time() + self.cfg.grace
+            while self.alive() and time.time() < deadline:
+                self.write_status()
+                time.sleep(0.2)
+            if self.alive():
+                self.say(f"still running after {self.cfg.grace:.0f} s: SIGKILL")
+                signal_groups(self.pgids, signal.SIGKILL)
+                deadline = time.time() + 10
+                while self.alive() and time.time() < deadline:
+                    time.sleep(0.2)
+        removed = remove_orphaned_shm(self.shm_before)
+        if removed:
+            self.say(f"removed {len(removed)} /dev/shm files left by killed processes")
+        self.write_status(force=True)
+
+    def alive(self) -> bool:
+        """Any process of ours left? Reaps our children (orphans become ours: we are a subreaper)."""
+        for proc in self.procs.values():
+            proc.poll()
+        for child in psutil.Process().children(recursive=True):
+            try:
+                if child.status() == psutil.STATUS_ZOMBIE:
+                    os.waitpid(child.pid, os.WNOHANG)
+            except (psutil.NoSuchProcess, ChildProcessError):
+                pass
+        return any(group_exists(pgid) for pgid in self.pgids)
+
+
+def die_with_parent() -> None:
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def safe_connections(pid: int) -> list:
+    try:
+        return psutil.Process(pid).net_connections(kind="tcp")
+    except psutil.Error:
+        return []
+
+
+def group_exists(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # Zombies still count for killpg: only living members matter.
+    return any(p.status() != psutil.STATUS_ZOMBIE for p in psutil.process_iter() if safe_pgid(p.pid) == pgid)
+
+
+def safe_pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except ProcessLookupError:
+        return None
+
+
+def signal_groups(pgids: set[int], sig: signal.Signals) -> None:
+    for pgid in pgids:
+        try:
+            os.killpg(pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def remove_orphaned_shm(before: set[str]) -> list[str]:
+    """Remove /dev/shm files that appeared during the job and that no live process holds open or mapped."""
+    new = set(os.listdir("/dev/shm")) - before
+    if not new:
+        return []
+    held = set()
+    for proc in psutil.process_iter():
+        try:
+            held.update(Path(f.path).name for f in proc.open_files() if f.path.startswith("/dev/shm/"))
+            held.update(Path(m.path).name for m in proc.memory_maps(grouped=True) if m.path.startswith("/dev/shm/"))
+        except psutil.Error:
+            pass
+    removed = []
+    for name in sorted(new - held):
+        try:
+            os.unlink(f"/dev/shm/{name}")
+            removed.append(name)
+        except OSError:
+            pass
+    return removed
+
+
+def log_tail(path: Path, lines: int = 12) -> list[str]:
+    try:
+        return path.read_text(errors="replace").splitlines()[-lines:]
+    except OSError:
+        return []
+
+
+def describe_exit(code: int) -> str:
+    if code < 0:
+        return f"signal {signal.Signals(-code).name}"
+    return f"exit code {code}"
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = settings(args)
+    job = preflight(cfg)
+    job["node_dir"].mkdir(parents=True, exist_ok=True)
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1)
+    launcher = Launcher(cfg, job)
+    launcher.log_file = open(job["node_dir"] / "launcher.log", "a")
+
+    def on_signal(signum: int, frame) -> None:
+        launcher.signal_received = signum
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    launcher.say(f"machine {job['machine_id']} of {len(job['machines'])} ({job['address']}, {job['ifname']}); "
+                 f"{cfg.num_servers} servers, {cfg.num_trainers} trainers, {cfg.num_samplers} samplers each")
+    launcher.write_status(force=True)
+    try:
+        launcher.start_all()
+        launcher.supervise()
+    finally:
+        launcher.stop_all()
+    launcher.say(f"{launcher.state}" + (f": {launcher.reason}" if launcher.reason else ""))
+    emit_result({"changed": True, "node": cfg.node_name, "state": launcher.state, "reason": launcher.reason})
+    if launcher.state == "succeeded":
+        return 0
+    return 128 + launcher.signal_received if launcher.state == "stopped" else 1
