@@ -3,6 +3,7 @@
 One real ansible-playbook run (tests/kit/job_role.yml) against an inventory whose hosts are all local
 connections; the play prints records through debug (no module runs on a host) that the JSON callback hands us.
 """
+import argparse
 import json
 import os
 import subprocess
@@ -74,8 +75,6 @@ def test_an_added_worker_gives_a_new_partition_and_job(records: dict) -> None:
     assert resized["partition"] == defaults["dataset"] + "-3p"
     assert resized["job"].startswith("synthetic-3w-") and resized["job"] != defaults["job"]
     assert resized["nodes"] == ["node2", "node3", "node4"]
-    assert resized["job_json"]["nodes"] == ["node2", "node3", "node4"]
-    assert resized["job_json"]["part_config"].endswith(f"/{resized['partition']}/synthetic.json")
 
 
 def test_a_job_id_set_by_the_user_is_kept(records: dict) -> None:
@@ -83,15 +82,33 @@ def test_a_job_id_set_by_the_user_is_kept(records: dict) -> None:
     assert named["job"] == "my-job.1" and named["dir"] == "/srv/dglkit/jobs/my-job.1"
 
 
-def test_job_json_holds_typed_settings_and_workspace_paths(records: dict) -> None:
-    job = ids(records, "defaults")["job_json"]
-    assert job["job_id"] == ids(records, "defaults")["job"]
-    assert job["job_dir"] == ids(records, "defaults")["dir"]
-    assert job["ip_config"] == "/srv/dglkit/ip_config.txt"
-    assert job["part_config"] == f"/srv/dglkit/partitions/{ids(records, 'defaults')['partition']}/synthetic.json"
-    assert job["nodes"] == ["node2", "node3"]
-    assert (job["epochs"], job["fan_out"], job["lr"], job["graphbolt"]) == (5, [10, 25], 0.003, False)
-    assert (job["servers"], job["trainers"], job["master_port"]) == (1, 1, 29500)
+def test_job_json_is_what_the_launcher_and_trainer_accept(records: dict, tmp_path: Path) -> None:
+    from dglkit import launch, train
+
+    defaults = ids(records, "defaults")
+    config = tmp_path / "job.json"
+    config.write_text(json.dumps(defaults["job_json"]))
+    parser = argparse.ArgumentParser()
+    launch.add_arguments(parser)
+    cfg = launch.settings(parser.parse_args(["--config", str(config), "--node-name", "node2"]))
+    assert cfg.job_dir == defaults["dir"]
+    assert cfg.ip_config == "/srv/dglkit/ip_config.txt"
+    assert cfg.part_config == f"/srv/dglkit/partitions/{defaults['partition']}/synthetic.json"
+    assert (cfg.num_servers, cfg.num_trainers, cfg.num_samplers, cfg.master_port) == (1, 1, 0, 29500)
+    assert cfg.trainer_threads >= 1  # 0 in the settings: the launcher picks
+    parser = argparse.ArgumentParser()
+    train.add_arguments(parser)
+    args = parser.parse_args(["--ip-config", "x", "--part-config", "y", *cfg.train_args])
+    assert (args.num_epochs, args.fan_out, args.num_layers, args.num_hidden) == (5, "10,25", 2, 64)
+    assert (args.lr, args.dropout, args.graphbolt, args.save_embeddings) == (0.003, 0.5, False, False)
+    graphbolt = ids(records, "graphbolt")["job_json"]["train_args"]
+    assert "--graphbolt" in graphbolt and "--graphbolt" not in cfg.train_args
+
+
+def test_job_json_of_a_resized_cluster_uses_the_new_partition(records: dict) -> None:
+    resized = ids(records, "resized")
+    assert resized["job_json"]["part_config"] == f"/srv/dglkit/partitions/{resized['partition']}/synthetic.json"
+    assert resized["job_json"]["job_dir"] == resized["dir"]
 
 
 @pytest.mark.parametrize("case, message", [
