@@ -15,12 +15,8 @@ deps:  ## Debian packages the harness needs on this machine
 	apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(APT_PACKAGES)
 
-$(WHEELHOUSE)/.complete: app/requirements/node.txt app/requirements/ogb.txt
-	$(PYTHON) -m pip download -q -d $(WHEELHOUSE) -r app/requirements/node.txt
-	$(PYTHON) -m pip download -q --no-deps -d $(WHEELHOUSE) -r app/requirements/ogb.txt
-	touch $@
-
-$(VENV)/.complete: $(WHEELHOUSE)/.complete requirements-dev.txt
+# The wheelhouse (and the test hosts' root and apt repository) come from `stage`, which is cached.
+$(VENV)/.complete: app/requirements/node.txt app/requirements/ogb.txt requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --no-index --find-links $(WHEELHOUSE) -r app/requirements/node.txt
 	$(VENV)/bin/pip install -q --no-index --no-deps --find-links $(WHEELHOUSE) -r app/requirements/ogb.txt
@@ -28,8 +24,9 @@ $(VENV)/.complete: $(WHEELHOUSE)/.complete requirements-dev.txt
 	$(VENV)/bin/pip install -q --no-deps -e app
 	touch $@
 
-setup: $(VENV)/.complete  ## controller venv, wheelhouse, test-host root and local apt repository
+setup:  ## wheelhouse, test-host root, local apt repository, then the controller venv
 	$(PYTHON) $(CLUSTER) stage
+	$(MAKE) --no-print-directory $(VENV)/.complete
 
 test: setup  ## the whole suite: unit, kit, multi-host end-to-end, VM tier
 	$(VENV)/bin/pytest tests/unit tests/kit tests/e2e tests/vm
