@@ -1,0 +1,126 @@
+"""Helpers shared by the bench scripts: run-and-measure a command, machine facts, results files, tables."""
+
+import json
+import os
+import platform
+import shlex
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "bench" / "results"
+PYTHON = str(REPO / ".venv" / "bin" / "python")
+
+
+def git_commit() -> str:
+    """HEAD, with "+dirty" when app/, roles/ or playbooks/ have uncommitted changes (colleagues' work in
+    progress changes what is measured)."""
+    head = subprocess.run(["git", "rev-parse", "--short=10", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    dirty = subprocess.run(["git", "status", "--porcelain", "app", "roles", "playbooks", "site.yml"],
+                           cwd=REPO, capture_output=True, text=True)
+    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+
+
+def machine() -> dict[str, Any]:
+    """What the figures depend on. Load and free memory say how busy the shared machine was."""
+    memory = psutil.virtual_memory()
+    versions = {}
+    for package in ("dgl", "torch", "ansible-core"):
+        try:
+            versions[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            versions[package] = None
+    return {"cpus": os.cpu_count(), "mem_total_gb": round(memory.total / 2**30, 1),
+            "mem_available_gb": round(memory.available / 2**30, 1),
+            "load": [round(x, 2) for x in os.getloadavg()], "kernel": platform.release(),
+            "python": platform.python_version(), **versions}
+
+
+def append(name: str, record: dict[str, Any]) -> dict[str, Any]:
+    """Append one result line to bench/results/<name>.jsonl, stamped with date, commit and machine facts."""
+    record = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "commit": git_commit(),
+              "machine": machine(), "command": " ".join(shlex.quote(a) for a in sys.argv), **record}
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    with open(RESULTS / f"{name}.jsonl", "a") as f:
+        f.write(json.dumps(record, sort_keys=True) + "\n")
+    return record
+
+
+def measure(cmd: list[str], env: dict[str, str] | None = None, limit_mb: float | None = None) -> dict[str, Any]:
+    """Run cmd to completion: wall time, the child's peak RSS (kernel's ru_maxrss via wait4, so no sample is
+    missed), peak RSS of the whole process tree (polled), its last stdout line as JSON, stderr's tail.
+    With limit_mb, the tree is killed once it holds more than that: a graph too big must not take the
+    shared machine's memory from everyone else."""
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        start = time.perf_counter()
+        load_before = os.getloadavg()[0]
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env, start_new_session=True)
+        tree_peak, over_limit = 0, False
+        while True:
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                break
+            tree_peak = max(tree_peak, tree_rss(proc.pid))
+            if limit_mb and tree_peak > limit_mb * 2**20 and not over_limit:
+                over_limit = True
+                os.killpg(proc.pid, signal.SIGKILL)
+            time.sleep(0.2)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        wall = time.perf_counter() - start
+        out.seek(0)
+        err.seek(0)
+        lines = out.read().strip().splitlines()
+        stderr = err.read().strip().splitlines()
+    try:
+        result = json.loads(lines[-1]) if lines else None
+    except ValueError:
+        result = None
+    return {"returncode": proc.returncode, "wall_s": round(wall, 2), "peak_rss_mb": round(usage.ru_maxrss / 1024),
+            "tree_peak_rss_mb": round(tree_peak / 2**20), "over_limit": over_limit, "result": result,
+            "stderr_tail": stderr[-5:], "load_before": round(load_before, 2),
+            "load_after": round(os.getloadavg()[0], 2)}
+
+
+def tree_rss(pid: int) -> int:
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return 0
+    total = 0
+    for p in procs:
+        try:
+            total += p.memory_info().rss
+        except psutil.Error:
+            pass
+    return total
+
+
+def median(values: list[float]) -> float | None:
+    values = [v for v in values if v is not None]
+    return round(statistics.median(values), 2) if values else None
+
+
+def spread(values: list[float]) -> str:
+    """'median (min-max, n)' for a table cell; just the value for one run."""
+    values = [v for v in values if v is not None]
+    if not values:
+        return "-"
+    if len(values) == 1:
+        return f"{values[0]:g}"
+    return f"{median(values):g} ({min(values):g}-{max(values):g}, n={len(values)})"
+
+
+def table(header: list[str], rows: list[list[Any]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+    return "\n".join(lines)

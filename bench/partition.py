@@ -1,0 +1,127 @@
+"""Benchmark `dglkit prepare` + `dglkit partition`: wall time, peak RSS and edge cut for synthetic graphs of
+growing size, 2 and 4 parts, with and without GraphBolt. Appends to bench/results/partition.jsonl.
+
+    .venv/bin/python bench/partition.py --sizes 100k,1M --runs 3
+    .venv/bin/python bench/partition.py --sizes products --parts 2 --graphbolt on --runs 1
+    .venv/bin/python bench/partition.py --quick
+"""
+
+import argparse
+import json
+import shutil
+from collections import defaultdict
+from pathlib import Path
+
+import benchlib
+
+# "products": ogbn-products' size, 2,449,029 nodes and 61,859,140 edges, i.e. an average degree of 25.26.
+SIZES = {"100k": (100_000, 25), "1M": (1_000_000, 25), "2M": (2_000_000, 25), "products": (2_449_029, 25.26)}
+
+
+def parse_sizes(text: str) -> list[str]:
+    sizes = text.split(",")
+    unknown = [s for s in sizes if s not in SIZES]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown sizes {unknown}; choose from {', '.join(SIZES)}")
+    return sizes
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", type=parse_sizes, default=["100k", "1M"], help=f"comma list of {', '.join(SIZES)}")
+    parser.add_argument("--parts", default="2,4", help="comma list of partition counts")
+    parser.add_argument("--graphbolt", choices=("off", "on", "both"), default="both")
+    parser.add_argument("--runs", type=int, default=3, help="runs of each configuration (medians are reported)")
+    parser.add_argument("--feat-dim", type=int, default=100)
+    parser.add_argument("--workdir", type=Path, default=Path("/var/tmp/dglkit-bench/partition"))
+    parser.add_argument("--limit-gb", type=float, default=21,
+                        help="kill a run whose processes hold more memory than this (the machine is shared)")
+    parser.add_argument("--quick", action="store_true", help="smoke run: 20k nodes, 2 parts, one run each")
+    args = parser.parse_args()
+    parts = [int(p) for p in args.parts.split(",")]
+    graphbolt = {"off": [False], "on": [True], "both": [False, True]}[args.graphbolt]
+    if args.quick:
+        SIZES["20k"] = (20_000, 25)
+        args.sizes, parts, args.runs = ["20k"], [2], 1
+
+    rows = defaultdict(list)
+    for size in args.sizes:
+        nodes, degree = SIZES[size]
+        data = args.workdir / f"data-{size}"
+        prepare = [benchlib.PYTHON, "-m", "dglkit", "prepare", "--dataset", "synthetic", "--out", str(data),
+                   "--num-nodes", str(nodes), "--avg-degree", str(degree), "--feat-dim", str(args.feat_dim)]
+        for run in range(args.runs):
+            shutil.rmtree(data, ignore_errors=True)  # prepare is a no-op on an existing dataset
+            m = benchlib.measure(prepare, limit_mb=args.limit_gb * 1024)
+            record(rows, size, "prepare", None, None, run, m, prepare)
+            if m["returncode"]:
+                break
+        if m["returncode"]:
+            continue
+        for num_parts in parts:
+            for gb in graphbolt:
+                out = args.workdir / f"part-{size}-{num_parts}"
+                cmd = [benchlib.PYTHON, "-m", "dglkit", "partition", "--dataset-dir", str(data), "--out", str(out),
+                       "--num-parts", str(num_parts), "--graph-name", "bench", *(["--graphbolt"] if gb else [])]
+                for run in range(args.runs):
+                    shutil.rmtree(out, ignore_errors=True)
+                    m = benchlib.measure(cmd, limit_mb=args.limit_gb * 1024)
+                    manifest = json.loads((out / "manifest.json").read_text()) if m["returncode"] == 0 else None
+                    record(rows, size, "partition", num_parts, gb, run, m, cmd, manifest)
+                shutil.rmtree(out, ignore_errors=True)
+        shutil.rmtree(data, ignore_errors=True)
+    print_table(rows)
+
+
+def record(rows: dict, size: str, stage: str, num_parts: int | None, graphbolt: bool | None, run: int,
+           m: dict, cmd: list[str], manifest: dict | None = None) -> None:
+    figures = {"wall_s": m["wall_s"], "peak_rss_mb": m["peak_rss_mb"], "tree_peak_rss_mb": m["tree_peak_rss_mb"],
+               "returncode": m["returncode"], "over_limit": m["over_limit"],
+               "load_before": m["load_before"], "load_after": m["load_after"]}
+    if m["returncode"]:
+        figures["error"] = m["stderr_tail"]
+    result = m["result"] or {}
+    if stage == "prepare":
+        figures.update(num_nodes=result.get("num_nodes"), num_edges=result.get("num_edges"))
+    if manifest:
+        figures.update(timings=manifest["timings"], manifest_peak_rss_mb=manifest["peak_rss_mb"],
+                       edge_cut=manifest["edge_cut"]["fraction"], num_nodes=manifest["num_nodes"],
+                       num_edges=manifest["num_edges"], part_nodes=[p["nodes"] for p in manifest["parts"]])
+    params = {"size": size, "stage": stage, "num_parts": num_parts, "graphbolt": graphbolt, "run": run,
+              "argv": cmd[1:]}
+    line = benchlib.append("partition", {"params": params, "figures": figures})
+    rows[(size, stage, num_parts, graphbolt)].append(line)
+    state = "ok" if not m["returncode"] else ("KILLED over memory limit" if m["over_limit"] else "FAILED")
+    print(f"{size} {stage} parts={num_parts} graphbolt={graphbolt} run {run}: {m['wall_s']} s, "
+          f"peak RSS {m['peak_rss_mb']} MB, load {m['load_before']}->{m['load_after']} {state}", flush=True)
+
+
+def print_table(rows: dict) -> None:
+    out = []
+    for (size, stage, num_parts, gb), lines in rows.items():
+        f = [line["figures"] for line in lines]
+        ok = [x for x in f if x["returncode"] == 0]
+        edges = next((x.get("num_edges") for x in ok if x.get("num_edges")), "-")
+        if stage == "prepare":
+            out.append([size, edges, "prepare", "-", "-", benchlib.spread([x["wall_s"] for x in ok]), "-", "-",
+                        benchlib.spread([x["peak_rss_mb"] for x in ok]), "-", busy(f)])
+            continue
+        t = [x.get("timings", {}) for x in ok]
+        out.append([size, edges, "partition", num_parts, "on" if gb else "off",
+                    benchlib.spread([x["wall_s"] for x in ok]),
+                    benchlib.spread([x.get("partition_s") for x in t]),
+                    benchlib.spread([x.get("graphbolt_s") for x in t]) if gb else "-",
+                    benchlib.spread([x["peak_rss_mb"] for x in ok]),
+                    benchlib.spread([x["edge_cut"] for x in ok]), busy(f)])
+    print(benchlib.table(["graph", "edges", "stage", "parts", "GraphBolt", "wall s", "partition_graph s",
+                          "GraphBolt conversion s", "peak RSS MB", "edge cut", "load 1m"], out))
+
+
+def busy(figures: list[dict]) -> str:
+    """Load range during the runs: above the 2 cores means colleagues' jobs shared the machine."""
+    loads = [x["load_before"] for x in figures] + [x["load_after"] for x in figures]
+    return f"{min(loads):g}-{max(loads):g}"
+
+
+if __name__ == "__main__":
+    main()
