@@ -89,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     tmp = out / "graph.dgl.tmp"
     dgl.save_graphs(str(tmp), [graph])
+    meta_path.unlink(missing_ok=True)  # never an old fingerprint next to a new graph, even after a crash
     os.replace(tmp, graph_path)
     labels = graph.ndata["labels"]
     meta = {

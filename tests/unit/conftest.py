@@ -1,5 +1,6 @@
-"""Shared fixtures: a small synthetic dataset and its partitions, built once per session through the real
-`python -m dglkit` CLI into a temporary directory."""
+"""Shared fixtures: a small synthetic dataset and its partitions, built once per session through the CLI's
+entry point (in this process: a child would spend seconds importing dgl again) into a temporary directory;
+`dglkit` runs the CLI as a child process, `cli` in this process."""
 
 import json
 import os
@@ -26,6 +27,13 @@ def run_cli(*args: object, check: bool = True, timeout: float = 300) -> subproce
     return proc
 
 
+def build(*args: object) -> None:
+    from dglkit.__main__ import main
+
+    code = main([str(arg) for arg in args])
+    assert code == 0, f"dglkit {args} exited {code}"
+
+
 def last_json(output: str) -> dict:
     """The result line every command prints last (docs/design.md)."""
     return json.loads(output.strip().splitlines()[-1])
@@ -40,7 +48,7 @@ def dglkit() -> Callable[..., subprocess.CompletedProcess]:
 def synthetic_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Directory with graph.dgl and dataset.json: 4000 nodes, 5 classes, 32 features."""
     out = tmp_path_factory.mktemp("data") / "synthetic"
-    run_cli("prepare", "--dataset", "synthetic", "--out", out, *SYNTHETIC)
+    build("prepare", "--dataset", "synthetic", "--out", out, *SYNTHETIC)
     return out
 
 
@@ -52,7 +60,7 @@ def make_partition(synthetic_dataset: Path, tmp_path_factory: pytest.TempPathFac
     def make(num_parts: int, graphbolt: bool = False) -> Path:
         if (num_parts, graphbolt) not in built:
             out = tmp_path_factory.mktemp("parts") / f"{num_parts}{'-graphbolt' if graphbolt else ''}"
-            run_cli("partition", "--dataset-dir", synthetic_dataset, "--out", out, "--num-parts", num_parts,
+            build("partition", "--dataset-dir", synthetic_dataset, "--out", out, "--num-parts", num_parts,
                     "--graph-name", "graph", *(["--graphbolt"] if graphbolt else []))
             built[num_parts, graphbolt] = out / "graph.json"
         return built[num_parts, graphbolt]
@@ -86,3 +94,79 @@ def cli(capsys: pytest.CaptureFixture) -> Callable[..., tuple[int, dict | None, 
         return code, last_json(out) if code == 0 else None, err.strip()
 
     return call
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Runtime fixtures (launch / train / watch): free ports and one finished --local job shared by test modules.
+# ---------------------------------------------------------------------------------------------------------
+
+def free_ports(count: int) -> int:
+    """First of `count` consecutive free TCP ports on 127.0.0.1, below the ephemeral range DGL clients use."""
+    import random
+    import socket
+
+    for _ in range(200):
+        base = random.randrange(20000, 32000 - count)
+        try:
+            for port in range(base, base + count):
+                with socket.socket() as probe:
+                    probe.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return base
+    raise RuntimeError("no free port range found")
+
+
+def start_launch(job_dir: Path, *args: object) -> subprocess.Popen:
+    """`dglkit launch --job-dir JOB_DIR ARGS` in the background, output in JOB_DIR/launch.out."""
+    job_dir.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "PYTHONPATH": str(APP)}
+    with open(job_dir / "launch.out", "w") as out:
+        return subprocess.Popen([sys.executable, "-m", "dglkit", "launch", "--job-dir", job_dir, *map(str, args)],
+                                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+
+
+# Small and fast, yet GraphSAGE clearly beats chance (1/5) on the synthetic graph.
+TRAIN_ARGS = ["--num-epochs", "6", "--batch-size", "200", "--lr", "0.01", "--num-hidden", "16", "--log-every", "5"]
+
+
+@pytest.fixture(scope="session")
+def finished_local_job(make_partition: Callable[..., Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A whole --local job (2 servers, 2 trainers, GraphBolt) with embeddings and predictions, run to the end."""
+    job_dir = tmp_path_factory.mktemp("jobs") / "local"
+    base = free_ports(3)
+    launch = start_launch(job_dir, "--local", "--part-config", make_partition(1, graphbolt=True),
+                          "--node-name", "node0", "--num-servers", 2, "--num-trainers", 2, "--server-port", base,
+                          "--master-port", base + 2, "--", *TRAIN_ARGS, "--graphbolt", "--save-embeddings",
+                          "--save-predictions")
+    code = launch.wait(timeout=240)
+    assert code == 0, (job_dir / "launch.out").read_text()[-3000:]
+    return job_dir
+
+
+def assert_job_gone(job_dir: Path, ports: list[int], shm_before: set[str]) -> None:
+    """No process (servers, trainers, samplers: they carry DGL_IP_CONFIG), listening port or /dev/shm file
+    of the job is left."""
+    import psutil
+
+    left = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get("DGL_IP_CONFIG", "").startswith(str(job_dir)) and proc.status() != "zombie":
+                left.append((proc.pid, proc.cmdline()))
+        except psutil.Error:
+            pass
+    assert not left, f"processes of the job still running: {left}"
+    listening = [c.laddr for c in psutil.net_connections(kind="tcp")
+                 if c.status == psutil.CONN_LISTEN and c.laddr.port in ports]
+    assert not listening, f"job ports still listening: {listening}"
+    # Another test session's live DGL server may own new files; files nobody holds are the job's leftovers.
+    held = set()
+    for proc in psutil.process_iter():
+        try:
+            held.update(Path(m.path).name for m in proc.memory_maps() if m.path.startswith("/dev/shm/"))
+            held.update(Path(f.path).name for f in proc.open_files() if f.path.startswith("/dev/shm/"))
+        except psutil.Error:
+            pass
+    leftovers = set(os.listdir("/dev/shm")) - shm_before - held
+    assert not leftovers, f"/dev/shm files left behind: {sorted(leftovers)}"
