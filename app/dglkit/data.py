@@ -31,22 +31,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dataset", required=True,
                         help="'synthetic', 'files', or an OGB node-property dataset such as ogbn-products")
     parser.add_argument("--out", required=True, type=Path, help="output directory (graph.dgl, dataset.json)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the generator and of fraction splits")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the generator and of fraction splits (%(default)s)")
     split = parser.add_argument_group("split fractions (synthetic, and files without masks)")
-    split.add_argument("--train-frac", type=float, default=0.1)
-    split.add_argument("--val-frac", type=float, default=0.05)
-    split.add_argument("--test-frac", type=float, default=0.1)
+    split.add_argument("--train-frac", type=float, default=0.1, help="fraction of nodes to train on (%(default)s)")
+    split.add_argument("--val-frac", type=float, default=0.05, help="fraction validated every epoch (%(default)s)")
+    split.add_argument("--test-frac", type=float, default=0.1, help="fraction tested at the end (%(default)s)")
     syn = parser.add_argument_group("synthetic: degree-corrected stochastic block model")
-    syn.add_argument("--num-nodes", type=int, default=100_000)
+    syn.add_argument("--num-nodes", type=int, default=100_000, help="number of nodes (%(default)s)")
     syn.add_argument("--avg-degree", type=float, default=20,
-                     help="mean in-degree of the symmetric graph, before dropping self loops and duplicates")
-    syn.add_argument("--num-classes", type=int, default=10)
-    syn.add_argument("--feat-dim", type=int, default=100)
+                     help="mean in-degree of the symmetric graph, before dropping self loops and duplicates (%(default)s)")
+    syn.add_argument("--num-classes", type=int, default=10, help="number of label classes (%(default)s)")
+    syn.add_argument("--feat-dim", type=int, default=100, help="node feature dimension (%(default)s)")
     syn.add_argument("--num-communities", type=int, default=0,
                      help="communities (class = community %% num-classes); 0: max(num-classes, nodes/1000)")
-    syn.add_argument("--homophily", type=float, default=0.8, help="fraction of edges inside a community")
+    syn.add_argument("--homophily", type=float, default=0.8, help="fraction of edges inside a community (%(default)s)")
     syn.add_argument("--label-noise", type=float, default=0.1,
-                     help="fraction of nodes whose label is redrawn at random (caps the reachable accuracy)")
+                     help="fraction of nodes whose label is redrawn at random (caps the reachable accuracy; %(default)s)")
     ogb = parser.add_argument_group("ogbn-*")
     ogb.add_argument("--data-root", type=Path,
                      help="directory holding ogbn_<name>/ (or the official zip's <name>/ directory)")
@@ -283,7 +283,7 @@ def ogb_meta(name: str) -> dict[str, Any]:
     """OGB's own description of a dataset (ogb/nodeproppred/master.csv), if we can train on it."""
     spec = importlib.util.find_spec("ogb")  # without importing ogb, which pulls in torch and scikit-learn
     if spec is None or spec.origin is None:
-        raise UserError("ogb is not installed: pip install --no-deps -r requirements/ogb.txt")
+        raise UserError("ogb is not installed: pip install --no-deps -r app/requirements/ogb.txt")
     with open(Path(spec.origin).parent / "nodeproppred" / "master.csv", newline="") as f:
         header, *rows = csv.reader(f)
     columns = {row[0]: row[1:] for row in rows}

@@ -23,9 +23,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dataset-dir", required=True, type=Path, help="output directory of `dglkit prepare`")
     parser.add_argument("--out", required=True, type=Path, help="partition directory (replaced when stale)")
     parser.add_argument("--num-parts", required=True, type=int, help="number of partitions = machines")
-    parser.add_argument("--graph-name", default="graph", help="DistGraph name; the config is <name>.json")
-    parser.add_argument("--part-method", choices=("metis", "random"), default="metis")
-    parser.add_argument("--num-hops", type=int, default=1, help="hops of halo nodes kept with each partition")
+    parser.add_argument("--graph-name", default="graph", help="DistGraph name; the config is <name>.json (%(default)s)")
+    parser.add_argument("--part-method", choices=("metis", "random"), default="metis", help="(%(default)s)")
+    parser.add_argument("--num-hops", type=int, default=1, help="hops of halo nodes kept with each partition (%(default)s)")
     parser.add_argument("--no-balance-train", dest="balance_train", action="store_false",
                         help="do not ask METIS for an equal number of training nodes per partition")
     parser.add_argument("--no-balance-edges", dest="balance_edges", action="store_false",
