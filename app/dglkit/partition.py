@@ -52,7 +52,8 @@ def run(args: argparse.Namespace) -> int:
     manifest_path, part_config = out / "manifest.json", out / f"{args.graph_name}.json"
     old = read_json(manifest_path)
     current = (old is not None and old.get("complete") and old.get("dataset_fingerprint") == dataset["fingerprint"]
-               and old.get("parameters") == params and part_config.is_file())
+               and old.get("parameters") == params and part_config.is_file()
+               and all((out / f"part{i}").is_dir() for i in range(args.num_parts)))
     if current and (old["graphbolt"] or not args.graphbolt):
         emit_result({"changed": False, **summary(old, out)})
         return 0

@@ -73,6 +73,8 @@ def test_rerun_is_noop_and_num_parts_change_repartitions(cli, synthetic_dataset,
     assert code == 0 and result["changed"] and result["num_parts"] == 1
     assert not (out / "part1").exists(), "stale partition left behind"
     assert json.loads((out / "graph.json").read_text())["num_parts"] == 1
+    shutil.rmtree(out / "part0")  # damaged by hand: rebuilt, not reported current
+    assert cli(*partition_args(synthetic_dataset, out, 1))[1]["changed"] and (out / "part0").is_dir()
 
 
 def test_dataset_change_repartitions(cli, tmp_path):
