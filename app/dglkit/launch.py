@@ -142,16 +142,16 @@ def preflight(cfg: argparse.Namespace) -> dict:
         raise UserError(f"{job_dir}/FAILED exists (node {(failed or {}).get('node')}): this job has failed; "
                         "start a new job directory")
     if cfg.local:
-        job_dir.mkdir(parents=True, exist_ok=True)
+        # Written by run() once every check has passed.
         ip_config = job_dir / "ip_config.txt"
-        ip_config.write_text(f"127.0.0.1 {cfg.server_port}\n")
+        machines = [("127.0.0.1", cfg.server_port)]
     elif not cfg.ip_config:
         raise UserError("no ip_config: pass --ip-config (or --local to run on this machine alone)")
     else:
         ip_config = Path(cfg.ip_config).resolve()
-    if not ip_config.is_file():
-        raise UserError(f"ip_config {ip_config} not found")
-    machines = read_ip_config(ip_config)
+        if not ip_config.is_file():
+            raise UserError(f"ip_config {ip_config} not found")
+        machines = read_ip_config(ip_config)
     part_config = Path(cfg.part_config).resolve()
     if not part_config.is_file():
         raise UserError(f"partition config {part_config} not found: pass the <graph>.json of `dglkit partition`")
@@ -304,24 +304,22 @@ class Launcher:
         for name, proc in self.procs.items():
             code = proc.poll()
             if code not in (None, 0):
+                log = self.logs[name]
                 if name == "trainers":
-                    name, log = self.failed_trainer()
-                else:
-                    log = self.logs[name]
-                self.fail(name, code, f"{name} exited with {describe_exit(code)}", log)
+                    name, code, log = self.failed_trainer(code)
+                self.fail(name, code, f"exited with {describe_exit(code)}", log)
                 return True
         return False
 
-    def failed_trainer(self) -> tuple[str, Path]:
-        """torchrun's error report names the first rank that failed; point at that trainer's log."""
+    def failed_trainer(self, code: int) -> tuple[str, int, Path]:
+        """torchrun's error report names the first rank that failed: report that trainer and its log."""
         report = self.logs["trainers"].read_text(errors="replace")
         found = re.search(r"Root Cause.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", report, re.S)
         if not found:
-            return "trainers", self.logs["trainers"]
+            return "trainers", code, self.logs["trainers"]
         rank, code = int(found.group(1)), int(found.group(2))
         log = self.node_dir / f"trainer-{rank}.log"
-        self.say(f"torchrun reports trainer rank {rank} exited with {describe_exit(code)}")
-        return f"trainer-{rank}", log if log.exists() else self.logs["trainers"]
+        return f"trainer-{rank}", code, log if log.exists() else self.logs["trainers"]
 
     def check_outside(self) -> bool:
         """A stop request (signal) or another node's FAILED file."""
@@ -482,6 +480,8 @@ def run(args: argparse.Namespace) -> int:
     cfg = settings(args)
     job = preflight(cfg)
     job["node_dir"].mkdir(parents=True, exist_ok=True)
+    if cfg.local:
+        job["ip_config"].write_text(f"127.0.0.1 {cfg.server_port}\n")
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1)
     launcher = Launcher(cfg, job)
     launcher.log_file = open(job["node_dir"] / "launcher.log", "a")

@@ -92,7 +92,9 @@ class DistSAGE(nn.Module):
         Returns DistTensors (last hidden layer, logits); the last hidden layer is the input features when
         there is only one layer.
         """
-        nodes = dgl.distributed.node_split(np.arange(g.num_nodes()), g.get_partition_book(), force_even=True)
+        # node_split takes a mask: DGL's example passes np.arange(N), a mask without node 0.
+        every_node = torch.ones(g.num_nodes(), dtype=torch.bool)
+        nodes = dgl.distributed.node_split(every_node, g.get_partition_book(), force_even=True)
         sampler = dgl.dataloading.MultiLayerFullNeighborSampler(1)
         x = hidden = g.ndata["feat"]
         for i, layer in enumerate(self.layers):
