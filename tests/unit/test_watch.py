@@ -1,0 +1,85 @@
+"""`dglkit watch` on the status files of real runs; SIGTERM to a running launcher."""
+
+import json
+import os
+import shutil
+import signal
+import time
+
+import pytest
+
+from conftest import assert_job_gone, free_ports, start_launch
+
+
+def test_finished_job_is_succeeded_with_its_last_epoch(cli, finished_local_job):
+    started = time.time()
+    code, result, _ = cli("watch", "--job-dir", finished_local_job, "--nodes", "node0", "--wait", 30)
+    assert code == 0 and time.time() - started < 5  # nothing more will change: no waiting
+    assert result["state"] == "succeeded" and result["nodes"] == {"node0": "succeeded"}
+    assert result["progress"]["event"] == "epoch" and result["progress"]["epoch"] == 5
+    assert result["failed_node"] is None and result["changed"] is False
+
+
+def copy_job(job_dir, tmp_path):
+    copy = tmp_path / "job"
+    shutil.copytree(job_dir / "nodes", copy / "nodes")
+    shutil.copy(job_dir / "metrics.jsonl", copy)
+    return copy
+
+
+def test_a_node_whose_status_went_stale_fails_the_job(cli, finished_local_job, tmp_path):
+    job_dir = copy_job(finished_local_job, tmp_path)
+    status = json.loads((job_dir / "nodes/node0/status.json").read_text())
+    # node1's launcher last wrote "running" 100 s ago: it died, or its host went down.
+    (job_dir / "nodes/node1").mkdir()
+    (job_dir / "nodes/node1/status.json").write_text(json.dumps(
+        {**status, "node": "node1", "state": "running", "updated": time.time() - 100}))
+    code, result, _ = cli("watch", "--job-dir", job_dir, "--stale-after", 30)
+    assert code == 0 and result["state"] == "failed" and result["failed_node"] == "node1"
+    assert result["nodes"] == {"node0": "succeeded", "node1": "stale"} and "not updated for" in result["reason"]
+    code, result, _ = cli("watch", "--job-dir", job_dir, "--stale-after", 300)
+    assert result["state"] == "running" and result["nodes"]["node1"] == "running"
+
+
+def test_a_node_without_status_after_the_wait_fails_the_job(cli, finished_local_job, tmp_path):
+    job_dir = copy_job(finished_local_job, tmp_path)
+    started = time.time()
+    code, result, _ = cli("watch", "--job-dir", job_dir, "--nodes", "node0,ghost", "--wait", 2)
+    assert time.time() - started >= 2
+    assert result["state"] == "failed" and result["failed_node"] == "ghost" and "no " in result["reason"]
+
+
+def test_missing_job_dir_is_a_clear_error(cli, tmp_path):
+    code, _, err = cli("watch", "--job-dir", tmp_path / "nope")
+    assert code == 2 and "nope not found" in err
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_watch_follows_a_running_job_and_sigterm_stops_it(cli, partition_1, tmp_path):
+    job_dir = tmp_path / "job"
+    base = free_ports(3)
+    shm_before = set(os.listdir("/dev/shm"))
+    launch = start_launch(job_dir, "--local", "--part-config", partition_1, "--node-name", "n1",
+                          "--num-servers", 2, "--num-trainers", 2, "--server-port", base, "--master-port", base + 2,
+                          "--", "--num-epochs", 500, "--batch-size", 100, "--log-every", 5)
+    deadline = time.time() + 180
+    result = {"progress": None}
+    while result["progress"] is None:
+        assert time.time() < deadline, "no epoch reported"
+        _, result, _ = cli("watch", "--job-dir", job_dir, "--nodes", "n1", "--wait", 30)
+        assert result["state"] == "running", result
+    started = time.time()
+    _, later, _ = cli("watch", "--job-dir", job_dir, "--nodes", "n1", "--wait", 60)
+    # Returns on the next epoch, long before the wait is over.
+    assert later["state"] == "running" and later["progress"]["epoch"] > result["progress"]["epoch"]
+    assert time.time() - started < 30
+
+    launch.send_signal(signal.SIGTERM)
+    assert launch.wait(timeout=60) == 128 + signal.SIGTERM
+    status = json.loads((job_dir / "nodes/n1/status.json").read_text())
+    assert status["state"] == "stopped" and status["reason"] == "received SIGTERM"
+    assert not (job_dir / "FAILED").exists()  # a stop is not a failure of the job's processes
+    _, stopped, _ = cli("watch", "--job-dir", job_dir, "--nodes", "n1")
+    assert stopped["state"] == "failed" and stopped["failed_node"] == "n1" and "SIGTERM" in stopped["reason"]
+    assert_job_gone(job_dir, [base, base + 1, base + 2], shm_before)
