@@ -9,8 +9,6 @@ import numpy as np
 import pytest
 from dgl.data.utils import load_tensors
 
-from conftest import last_json
-
 
 def partition_args(dataset: Path, out: Path, num_parts: int, *extra: object) -> list[object]:
     return ["partition", "--dataset-dir", dataset, "--out", out, "--num-parts", num_parts, *extra]
@@ -134,5 +132,5 @@ def test_missing_dataset_and_foreign_out_dir(cli, synthetic_dataset, tmp_path):
 
 def test_cli_prints_result_last(dglkit, partition_2, synthetic_dataset):
     proc = dglkit(*partition_args(synthetic_dataset, partition_2.parent, 2))
-    result = last_json(proc.stdout)
+    result = json.loads(proc.stdout.splitlines()[-1])
     assert result["changed"] is False and result["num_parts"] == 2 and result["part_config"] == str(partition_2)
