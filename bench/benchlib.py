@@ -21,6 +21,11 @@ RESULTS = REPO / "bench" / "results"
 PYTHON = str(REPO / ".venv" / "bin" / "python")
 
 
+def exit_on_sigterm() -> None:
+    """Turn SIGTERM into SystemExit so that `finally` blocks stop the clusters and processes a script started."""
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+
+
 def git_commit() -> str:
     """HEAD, with "+dirty" when app/, roles/ or playbooks/ have uncommitted changes (colleagues' work in
     progress changes what is measured)."""
@@ -45,12 +50,16 @@ def machine() -> dict[str, Any]:
             "python": platform.python_version(), **versions}
 
 
+# "-quick" for smoke runs (--quick): they go to <name>-quick.jsonl and never mix with the real figures.
+SUFFIX = ""
+
+
 def append(name: str, record: dict[str, Any]) -> dict[str, Any]:
     """Append one result line to bench/results/<name>.jsonl, stamped with date, commit and machine facts."""
     record = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "commit": git_commit(),
               "machine": machine(), "command": " ".join(shlex.quote(a) for a in sys.argv), **record}
     RESULTS.mkdir(parents=True, exist_ok=True)
-    with open(RESULTS / f"{name}.jsonl", "a") as f:
+    with open(RESULTS / f"{name}{SUFFIX}.jsonl", "a") as f:
         f.write(json.dumps(record, sort_keys=True) + "\n")
     return record
 
@@ -65,15 +74,19 @@ def measure(cmd: list[str], env: dict[str, str] | None = None, limit_mb: float |
         load_before = os.getloadavg()[0]
         proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env, start_new_session=True)
         tree_peak, over_limit = 0, False
-        while True:
-            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-            if pid:
-                break
-            tree_peak = max(tree_peak, tree_rss(proc.pid))
-            if limit_mb and tree_peak > limit_mb * 2**20 and not over_limit:
-                over_limit = True
-                os.killpg(proc.pid, signal.SIGKILL)
-            time.sleep(0.2)
+        try:
+            while True:
+                pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+                if pid:
+                    break
+                tree_peak = max(tree_peak, tree_rss(proc.pid))
+                if limit_mb and tree_peak > limit_mb * 2**20 and not over_limit:
+                    over_limit = True
+                    os.killpg(proc.pid, signal.SIGKILL)
+                time.sleep(0.2)
+        except BaseException:  # interrupted: take the child's whole session down with us
+            os.killpg(proc.pid, signal.SIGKILL)
+            raise
         proc.returncode = os.waitstatus_to_exitcode(status)
         wall = time.perf_counter() - start
         out.seek(0)

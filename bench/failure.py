@@ -33,8 +33,10 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="smoke run: one run, server only, 30 s bound")
     args = parser.parse_args()
     if args.quick:
+        benchlib.SUFFIX = "-quick"
         args.runs, args.targets, args.timeout = 1, "server", 30
 
+    benchlib.exit_on_sigterm()
     cluster = clusterlib.up(args.cluster, args.hosts)
     try:
         part_config = clusterlib.partition(cluster, args.nodes, 10)
@@ -98,7 +100,8 @@ def find(cluster: clusterlib.Cluster, node: str, target: str) -> int | None:
             env, cmdline = proc.environ(), proc.cmdline()
         except Exception:
             continue
-        runs_train = cmdline[1:4] == ["-m", "dglkit", "train"]
+        # `python [-u] -m dglkit train`: not torchrun (-m torch.distributed.run), not a spawned sampler (-c ...)
+        runs_train = "-m" in cmdline and cmdline[cmdline.index("-m") + 1:][:2] == ["dglkit", "train"]
         if target == "server" and env.get("DGL_ROLE") == "server" and runs_train:
             return proc.pid
         if target == "trainer" and env.get("DGL_ROLE") == "client" and "RANK" in env and runs_train:

@@ -41,9 +41,11 @@ def main() -> None:
     parts = [int(p) for p in args.parts.split(",")]
     graphbolt = {"off": [False], "on": [True], "both": [False, True]}[args.graphbolt]
     if args.quick:
+        benchlib.SUFFIX = "-quick"
         SIZES["20k"] = (20_000, 25)
         args.sizes, parts, args.runs = ["20k"], [2], 1
 
+    benchlib.exit_on_sigterm()
     rows = defaultdict(list)
     for size in args.sizes:
         nodes, degree = SIZES[size]
