@@ -100,7 +100,7 @@ def test_job_json_is_what_the_launcher_and_trainer_accept(records: dict, tmp_pat
     train.add_arguments(parser)
     args = parser.parse_args(["--ip-config", "x", "--part-config", "y", *cfg.train_args])
     assert (args.num_epochs, args.fan_out, args.num_layers, args.num_hidden) == (5, "10,25", 2, 64)
-    assert (args.lr, args.dropout, args.graphbolt, args.save_embeddings) == (0.003, 0.5, False, False)
+    assert (args.lr, args.dropout, args.graphbolt, args.save_embeddings) == (0.01, 0.5, False, False)
     graphbolt = ids(records, "graphbolt")["job_json"]["train_args"]
     assert "--graphbolt" in graphbolt and "--graphbolt" not in cfg.train_args
 
