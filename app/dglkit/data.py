@@ -2,8 +2,9 @@
 
 Sources: an OGB node-property dataset (offline from pre-placed files), a seeded synthetic community graph,
 or the user's own arrays. The output is DIR/graph.dgl (ndata feat float32, labels int64, train_mask,
-val_mask, test_mask bool, which DGL's file format stores and loads as 0/1 uint8) and DIR/dataset.json, whose fingerprint identifies the inputs: a re-run with the
-same inputs is a no-op, and `dglkit partition` records it to tell whether a partition is still current.
+val_mask, test_mask bool, which DGL's file format stores and loads as 0/1 uint8) and DIR/dataset.json,
+whose fingerprint identifies the inputs: a re-run with the same inputs is a no-op, and `dglkit partition`
+records it to tell whether a partition is still current.
 """
 
 import argparse
@@ -111,7 +112,8 @@ def summary(meta: dict[str, Any]) -> dict[str, Any]:
 
 
 def check_arguments(args: argparse.Namespace) -> tuple[str, dict[str, Any], dict[str, Any]]:
-    """Validate the arguments before anything is read or written: (source, parameters, input identity)."""
+    """Validate the arguments before anything is read or written: (source, parameters, input identity).
+    The one exception: with --allow-download, a missing OGB dataset is downloaded here."""
     fracs = {"train": args.train_frac, "val": args.val_frac, "test": args.test_frac}
     if min(fracs.values()) < 0 or sum(fracs.values()) > 1 or fracs["train"] <= 0:
         raise UserError(f"split fractions {fracs} must be >= 0 with train > 0 and a sum <= 1")
@@ -123,8 +125,8 @@ def check_arguments(args: argparse.Namespace) -> tuple[str, dict[str, Any], dict
             raise UserError(f"--avg-degree must be > 0 and < num-nodes - 1 = {args.num_nodes - 1}")
         if not (0 <= args.homophily <= 1 and 0 <= args.label_noise <= 1):
             raise UserError("--homophily and --label-noise are fractions between 0 and 1")
-        if not 0 <= args.num_communities <= args.num_nodes:
-            raise UserError("--num-communities must be between 0 (automatic) and --num-nodes")
+        if args.num_communities and not args.num_classes <= args.num_communities <= args.num_nodes:
+            raise UserError("--num-communities must be 0 (automatic) or between --num-classes and --num-nodes")
         graph = {key: getattr(args, key) for key in (
             "num_nodes", "avg_degree", "num_classes", "feat_dim", "num_communities", "homophily", "label_noise")}
         return "synthetic", {"graph": graph, "split": split}, {}

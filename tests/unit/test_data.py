@@ -77,6 +77,7 @@ def test_synthetic_is_reproducible(cli, tmp_path):
     (["--train-frac", "0.8", "--val-frac", "0.3"], "split fractions"),
     (["--avg-degree", "0"], "--avg-degree must be > 0"),
     (["--homophily", "1.5"], "--homophily and --label-noise"),
+    (["--num-communities", "3", "--num-classes", "4"], "--num-communities must be 0 (automatic) or between"),
 ])
 def test_synthetic_bad_arguments(cli, tmp_path, args, message):
     code, _, err = cli("prepare", "--dataset", "synthetic", "--out", tmp_path / "out", *args)
