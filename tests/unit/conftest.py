@@ -128,17 +128,26 @@ def start_launch(job_dir: Path, *args: object) -> subprocess.Popen:
 
 # Small and fast, yet GraphSAGE clearly beats chance (1/5) on the synthetic graph.
 TRAIN_ARGS = ["--num-epochs", "6", "--batch-size", "200", "--lr", "0.01", "--num-hidden", "16", "--log-every", "5"]
+# A job that runs until a test stops it.
+ENDLESS_TRAIN_ARGS = ["--num-epochs", "500", "--batch-size", "100", "--log-every", "5"]
+
+
+def start_local_job(job_dir: Path, part_config: Path, node: str, *args: object,
+                    train_args: list[str] = TRAIN_ARGS) -> tuple[subprocess.Popen, list[int]]:
+    """A --local job with 2 servers and 2 trainers on free ports: (launcher, [server ports, master port])."""
+    base = free_ports(3)
+    launch = start_launch(job_dir, "--local", "--part-config", part_config, "--node-name", node,
+                          "--num-servers", 2, "--num-trainers", 2, "--server-port", base, "--master-port", base + 2,
+                          *args, "--", *train_args)
+    return launch, [base, base + 1, base + 2]
 
 
 @pytest.fixture(scope="session")
 def finished_local_job(make_partition: Callable[..., Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A whole --local job (2 servers, 2 trainers, GraphBolt) with embeddings and predictions, run to the end."""
     job_dir = tmp_path_factory.mktemp("jobs") / "local"
-    base = free_ports(3)
-    launch = start_launch(job_dir, "--local", "--part-config", make_partition(1, graphbolt=True),
-                          "--node-name", "node0", "--num-servers", 2, "--num-trainers", 2, "--server-port", base,
-                          "--master-port", base + 2, "--", *TRAIN_ARGS, "--graphbolt", "--save-embeddings",
-                          "--save-predictions")
+    launch, _ = start_local_job(job_dir, make_partition(1, graphbolt=True), "node0",
+                                train_args=[*TRAIN_ARGS, "--graphbolt", "--save-embeddings", "--save-predictions"])
     code = launch.wait(timeout=240)
     assert code == 0, (job_dir / "launch.out").read_text()[-3000:]
     return job_dir

@@ -13,7 +13,7 @@ import psutil
 import pytest
 import torch
 
-from conftest import TRAIN_ARGS, assert_job_gone, free_ports, start_launch
+from conftest import ENDLESS_TRAIN_ARGS, TRAIN_ARGS, assert_job_gone, free_ports, start_launch, start_local_job
 from dglkit.train import DistSAGE, to_original_order
 
 NUM_CLASSES = 5
@@ -103,11 +103,8 @@ def test_distributed_run_from_job_json(partition_1, tmp_path):
 @pytest.mark.parametrize("victim", ["server-1", "trainer-1"])
 def test_killed_process_stops_the_job_and_leaves_nothing(victim, partition_1, tmp_path):
     job_dir = tmp_path / "job"
-    base = free_ports(3)
     shm_before = set(os.listdir("/dev/shm"))
-    launch = start_launch(job_dir, "--local", "--part-config", partition_1, "--node-name", "n1",
-                          "--num-servers", 2, "--num-trainers", 2, "--server-port", base, "--master-port", base + 2,
-                          "--grace", 5, "--", "--num-epochs", 500, "--batch-size", 100, "--log-every", 5)
+    launch, ports = start_local_job(job_dir, partition_1, "n1", "--grace", 5, train_args=ENDLESS_TRAIN_ARGS)
     node_dir = job_dir / "nodes/n1"
     wait_for(lambda: trained_epochs(node_dir / "trainer-1.log") >= 1, 180, "the first epoch")
     processes = {p["name"]: p["pid"] for p in json.loads((node_dir / "status.json").read_text())["processes"]}
@@ -128,7 +125,30 @@ def test_killed_process_stops_the_job_and_leaves_nothing(victim, partition_1, tm
     assert failed["log"].endswith(f"{victim}.log") and failed["log_tail"]
     status = json.loads((node_dir / "status.json").read_text())
     assert status["state"] == "failed" and victim in status["reason"]
-    assert_job_gone(job_dir, [base, base + 1, base + 2], shm_before)
+    assert_job_gone(job_dir, ports, shm_before)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_stalled_trainer_stops_the_job(partition_1, tmp_path):
+    """A frozen trainer (SIGSTOP) blocks its peer in all-reduce forever: only the stall detector ends that."""
+    job_dir = tmp_path / "job"
+    shm_before = set(os.listdir("/dev/shm"))
+    launch, ports = start_local_job(job_dir, partition_1, "n1", "--stall-timeout", 8, "--grace", 3,
+                                    train_args=ENDLESS_TRAIN_ARGS)
+    node_dir = job_dir / "nodes/n1"
+    wait_for(lambda: trained_epochs(node_dir / "trainer-0.log") >= 1, 180, "the first epoch")
+    torchrun = next(p["pid"] for p in json.loads((node_dir / "status.json").read_text())["processes"]
+                    if p["name"] == "trainers")
+    for trainer in psutil.Process(torchrun).children():
+        trainer.suspend()
+    stopped = time.time()
+
+    assert launch.wait(timeout=60) == 1
+    assert 8 <= time.time() - stopped < 30
+    failed = json.loads((job_dir / "FAILED").read_text())
+    assert failed["process"] == "trainers" and "no trainer log grew for 8 s" in failed["reason"]
+    assert_job_gone(job_dir, ports, shm_before)
 
 
 @pytest.fixture

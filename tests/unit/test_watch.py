@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from conftest import assert_job_gone, free_ports, start_launch
+from conftest import ENDLESS_TRAIN_ARGS, assert_job_gone, start_local_job
 
 
 def test_finished_job_is_succeeded_with_its_last_epoch(cli, finished_local_job):
@@ -58,11 +58,8 @@ def test_missing_job_dir_is_a_clear_error(cli, tmp_path):
 @pytest.mark.timeout(300)
 def test_watch_follows_a_running_job_and_sigterm_stops_it(cli, partition_1, tmp_path):
     job_dir = tmp_path / "job"
-    base = free_ports(3)
     shm_before = set(os.listdir("/dev/shm"))
-    launch = start_launch(job_dir, "--local", "--part-config", partition_1, "--node-name", "n1",
-                          "--num-servers", 2, "--num-trainers", 2, "--server-port", base, "--master-port", base + 2,
-                          "--", "--num-epochs", 500, "--batch-size", 100, "--log-every", 5)
+    launch, ports = start_local_job(job_dir, partition_1, "n1", train_args=ENDLESS_TRAIN_ARGS)
     deadline = time.time() + 180
     result = {"progress": None}
     while result["progress"] is None:
@@ -82,4 +79,4 @@ def test_watch_follows_a_running_job_and_sigterm_stops_it(cli, partition_1, tmp_
     assert not (job_dir / "FAILED").exists()  # a stop is not a failure of the job's processes
     _, stopped, _ = cli("watch", "--job-dir", job_dir, "--nodes", "n1")
     assert stopped["state"] == "failed" and stopped["failed_node"] == "n1" and "SIGTERM" in stopped["reason"]
-    assert_job_gone(job_dir, [base, base + 1, base + 2], shm_before)
+    assert_job_gone(job_dir, ports, shm_before)
