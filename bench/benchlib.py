@@ -1,5 +1,6 @@
 """Helpers shared by the bench scripts: run-and-measure a command, machine facts, results files, tables."""
 
+import argparse
 import json
 import os
 import platform
@@ -12,7 +13,7 @@ import tempfile
 import time
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import psutil
 
@@ -62,6 +63,39 @@ def append(name: str, record: dict[str, Any]) -> dict[str, Any]:
     with open(RESULTS / f"{name}{SUFFIX}.jsonl", "a") as f:
         f.write(json.dumps(record, sort_keys=True) + "\n")
     return record
+
+
+def report(name: str, params: dict[str, Any], figures: dict[str, Any]) -> dict[str, Any]:
+    """append() one run and print it as one line."""
+    print(f"{json.dumps(params)}: {json.dumps(figures)}", flush=True)
+    return append(name, {"params": params, "figures": figures})
+
+
+def load(name: str, since: str = "") -> list[dict[str, Any]]:
+    """The records of bench/results/<name>.jsonl dated `since` (an ISO date or time prefix) or later."""
+    path = RESULTS / f"{name}{SUFFIX}.jsonl"
+    records = [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+    return [r for r in records if r["date"] >= since]
+
+
+def add_common_arguments(parser: argparse.ArgumentParser, quick: str) -> None:
+    parser.add_argument("--quick", action="store_true", help=f"smoke run ({quick}); results go to <name>-quick.jsonl")
+    parser.add_argument("--table", action="store_true", help="only print the table of the stored results")
+    parser.add_argument("--since", default="", help="with --table: results from this date on (e.g. 2026-12-02T15)")
+
+
+def parse(parser: argparse.ArgumentParser, name: str,
+          print_table: Callable[[list[dict]], None]) -> argparse.Namespace | None:
+    """The script's arguments, or None after printing the stored results' table (--table)."""
+    global SUFFIX
+    args = parser.parse_args()
+    if args.quick:
+        SUFFIX = "-quick"
+    if args.table:
+        print_table(load(name, args.since))
+        return None
+    exit_on_sigterm()
+    return args
 
 
 def measure(cmd: list[str], env: dict[str, str] | None = None, limit_mb: float | None = None) -> dict[str, Any]:

@@ -5,6 +5,7 @@ Processes are observed from this machine: a host's processes sit in the cgroup /
 (testcluster.py), so polling them costs no SSH round trip and sees every node at the same instant.
 """
 
+import contextlib
 import json
 import os
 import re
@@ -14,6 +15,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Iterator
 
 import psutil
 import yaml
@@ -71,6 +73,17 @@ def up(name: str, hosts: int) -> Cluster:
     if not (cluster.workspace / "venv" / "bin" / "python").exists() or not (cluster.workspace / "app").is_dir():
         run([str(REPO / ".venv/bin/ansible-playbook"), "-i", str(cluster.dir / "inventory"), "site.yml"], cwd=REPO)
     return cluster
+
+
+@contextlib.contextmanager
+def session(name: str, hosts: int, keep: bool) -> Iterator[Cluster]:
+    """up() for the length of a with-block; down() afterwards unless `keep`."""
+    cluster = up(name, hosts)
+    try:
+        yield cluster
+    finally:
+        if not keep:
+            down(name)
 
 
 def down(name: str) -> None:

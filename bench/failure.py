@@ -7,7 +7,6 @@ process of the job on every node has exited, with the kit's launcher versus DGL'
 """
 
 import argparse
-import json
 import os
 import signal
 import time
@@ -30,15 +29,14 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=120, help="longest wait for the job to go away")
     parser.add_argument("--nodes", type=int, default=50_000, help="synthetic graph size")
     parser.add_argument("--keep-cluster", action="store_true", help="leave the cluster running afterwards")
-    parser.add_argument("--quick", action="store_true", help="smoke run: one run, server only, 30 s bound")
-    args = parser.parse_args()
+    benchlib.add_common_arguments(parser, "one run, server only, 30 s bound")
+    args = benchlib.parse(parser, "failure", print_table)
+    if args is None:
+        return
     if args.quick:
-        benchlib.SUFFIX = "-quick"
         args.runs, args.targets, args.timeout = 1, "server", 30
 
-    benchlib.exit_on_sigterm()
-    cluster = clusterlib.up(args.cluster, args.hosts)
-    try:
+    with clusterlib.session(args.cluster, args.hosts, args.keep_cluster) as cluster:
         part_config = clusterlib.partition(cluster, args.nodes, 10)
         victim_node = args.node or list(cluster.workers())[-1]
         rows = []
@@ -48,13 +46,8 @@ def main() -> None:
                     figures = one_run(cluster, launcher, target, victim_node, part_config, args.timeout)
                     params = {"launcher": launcher, "target": target, "victim_node": victim_node, "run": run,
                               "hosts": args.hosts, "graph_nodes": args.nodes, "timeout_s": args.timeout}
-                    rows.append(benchlib.append("failure", {"params": params, "figures": figures}))
-                    print(f"{launcher} kill {target} on {victim_node} run {run}: {json.dumps(figures)}", flush=True)
+                    rows.append(benchlib.report("failure", params, figures))
         print_table(rows)
-    finally:
-        if not args.keep_cluster:
-            clusterlib.down(args.cluster)
-
 
 def one_run(cluster: clusterlib.Cluster, launcher: str, target: str, node: str, part_config: str,
             timeout: float) -> dict:

@@ -9,7 +9,6 @@ growing size, 2 and 4 parts, with and without GraphBolt. Appends to bench/result
 import argparse
 import json
 import shutil
-from collections import defaultdict
 from pathlib import Path
 
 import benchlib
@@ -36,17 +35,16 @@ def main() -> None:
     parser.add_argument("--workdir", type=Path, default=Path("/var/tmp/dglkit-bench/partition"))
     parser.add_argument("--limit-gb", type=float, default=21,
                         help="kill a run whose processes hold more memory than this (the machine is shared)")
-    parser.add_argument("--quick", action="store_true", help="smoke run: 20k nodes, 2 parts, one run each")
-    args = parser.parse_args()
+    benchlib.add_common_arguments(parser, "20k nodes, 2 parts, one run each")
+    args = benchlib.parse(parser, "partition", print_table)
+    if args is None:
+        return
     parts = [int(p) for p in args.parts.split(",")]
     graphbolt = {"off": [False], "on": [True], "both": [False, True]}[args.graphbolt]
     if args.quick:
-        benchlib.SUFFIX = "-quick"
         SIZES["20k"] = (20_000, 25)
         args.sizes, parts, args.runs = ["20k"], [2], 1
-
-    benchlib.exit_on_sigterm()
-    rows = defaultdict(list)
+    rows: list[dict] = []
     for size in args.sizes:
         nodes, degree = SIZES[size]
         data = args.workdir / f"data-{size}"
@@ -75,7 +73,7 @@ def main() -> None:
     print_table(rows)
 
 
-def record(rows: dict, size: str, stage: str, num_parts: int | None, graphbolt: bool | None, run: int,
+def record(rows: list, size: str, stage: str, num_parts: int | None, graphbolt: bool | None, run: int,
            m: dict, cmd: list[str], manifest: dict | None = None) -> None:
     figures = {"wall_s": m["wall_s"], "peak_rss_mb": m["peak_rss_mb"], "tree_peak_rss_mb": m["tree_peak_rss_mb"],
                "returncode": m["returncode"], "over_limit": m["over_limit"],
@@ -92,15 +90,19 @@ def record(rows: dict, size: str, stage: str, num_parts: int | None, graphbolt: 
     params = {"size": size, "stage": stage, "num_parts": num_parts, "graphbolt": graphbolt, "run": run,
               "argv": cmd[1:]}
     line = benchlib.append("partition", {"params": params, "figures": figures})
-    rows[(size, stage, num_parts, graphbolt)].append(line)
+    rows.append(line)
     state = "ok" if not m["returncode"] else ("KILLED over memory limit" if m["over_limit"] else "FAILED")
     print(f"{size} {stage} parts={num_parts} graphbolt={graphbolt} run {run}: {m['wall_s']} s, "
           f"peak RSS {m['peak_rss_mb']} MB, load {m['load_before']}->{m['load_after']} {state}", flush=True)
 
 
-def print_table(rows: dict) -> None:
+def print_table(rows: list[dict]) -> None:
+    groups: dict[tuple, list[dict]] = {}
+    for row in rows:
+        p = row["params"]
+        groups.setdefault((p["size"], p["stage"], p["num_parts"], p["graphbolt"]), []).append(row)
     out = []
-    for (size, stage, num_parts, gb), lines in rows.items():
+    for (size, stage, num_parts, gb), lines in groups.items():
         f = [line["figures"] for line in lines]
         ok = [x for x in f if x["returncode"] == 0]
         edges = next((x.get("num_edges") for x in ok if x.get("num_edges")), "-")

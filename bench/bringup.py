@@ -1,0 +1,127 @@
+"""Benchmark cluster bring-up: wall time of site.yml on fresh test hosts, then of idempotent re-runs with the
+kit's ansible.cfg and with single settings turned back to Ansible's defaults (which settings help).
+Appends to bench/results/bringup.jsonl.
+
+    .venv/bin/python bench/bringup.py --hosts 2,4,8 --reruns 3
+    .venv/bin/python bench/bringup.py --quick
+"""
+
+import argparse
+import os
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import benchlib
+import clusterlib
+
+# Idempotent re-runs: the kit's ansible.cfg, then one setting at a time put back to Ansible's default.
+VARIANTS = {
+    "kit": {},
+    "no-pipelining": {"ANSIBLE_PIPELINING": "False"},
+    "no-controlpersist": {"ANSIBLE_SSH_ARGS": "-o ControlMaster=no -o ServerAliveInterval=15"},
+    "forks5": {"ANSIBLE_FORKS": "5"},
+    "ansible-defaults": {"ANSIBLE_PIPELINING": "False", "ANSIBLE_FORKS": "5",
+                         "ANSIBLE_SSH_ARGS": "-o ControlMaster=no -o ServerAliveInterval=15"},
+}
+RECAP_RE = re.compile(r"^(\S+)\s+:\s+((?:\w+=\d+\s*)+)$", re.M)
+TASK_TIME_RE = re.compile(r"^(.+?) -{3,} (\d+\.\d+)s$", re.M)
+LOGS = Path("/var/tmp/dglkit-bench/logs")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--hosts", default="2,4,8", help="comma list of cluster sizes (node1 storage, rest workers)")
+    parser.add_argument("--reruns", type=int, default=3, help="idempotent re-runs per variant (medians reported)")
+    parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma list of: {', '.join(VARIANTS)}")
+    parser.add_argument("--existing", action="store_true",
+                        help="only re-runs, on clusters bringup<N> that an earlier --keep-cluster run left up")
+    parser.add_argument("--keep-cluster", action="store_true", help="leave the last cluster running")
+    benchlib.add_common_arguments(parser, "2 hosts, one re-run, kit settings only")
+    args = benchlib.parse(parser, "bringup", print_table)
+    if args is None:
+        return
+    sizes = [int(n) for n in args.hosts.split(",")]
+    variants = args.variants.split(",")
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        parser.error(f"unknown variants {unknown}; choose from {', '.join(VARIANTS)}")
+    if args.quick:
+        sizes, args.reruns, variants = [2], 1, ["kit"]
+    LOGS.mkdir(parents=True, exist_ok=True)
+
+    rows = []
+    for hosts in sizes:
+        name = f"bringup{hosts}"
+        if not args.existing:
+            clusterlib.down(name)  # fresh hosts: nothing left from an earlier run
+            start = time.perf_counter()
+            clusterlib.run(["python3", str(benchlib.REPO / "tests/cluster/testcluster.py"), "up", "--name", name,
+                            "--hosts", str(hosts)])
+            up_s = round(time.perf_counter() - start, 2)
+        try:
+            if not args.existing:
+                rows.append(record(name, hosts, "first run", "kit", 0, {}, up_s))
+            for variant in variants:
+                for rerun in range(args.reruns):
+                    rows.append(record(name, hosts, "re-run", variant, rerun, VARIANTS[variant], None))
+        finally:
+            if not (args.keep_cluster and hosts == sizes[-1]):
+                clusterlib.down(name)
+    print_table(rows)
+
+
+def record(name: str, hosts: int, stage: str, variant: str, run: int, env: dict, up_s: float | None) -> dict:
+    figures = site(name, {**os.environ, **env, "ANSIBLE_NOCOLOR": "1",
+                          "ANSIBLE_CALLBACKS_ENABLED": "ansible.posix.profile_tasks"},
+                   LOGS / f"{name}-{stage.replace(' ', '-')}-{variant.replace(' ', '-')}-{run}.log")
+    if up_s is not None:
+        figures["hosts_up_s"] = up_s
+    params = {"hosts": hosts, "stage": stage, "variant": variant, "env": env, "run": run}
+    line = benchlib.append("bringup", {"params": params, "figures": figures})
+    print(f"{hosts} hosts, {stage}, {variant}, run {run}: {figures['wall_s']} s, changed {figures['changed']}, "
+          f"failed {figures['failed']}, load {figures['load_before']}->{figures['load_after']}", flush=True)
+    return line
+
+
+def site(name: str, env: dict, log: Path) -> dict:
+    """One `ansible-playbook site.yml` run: wall time, PLAY RECAP totals and the slowest tasks."""
+    cmd = [str(benchlib.REPO / ".venv/bin/ansible-playbook"), "-i",
+           str(clusterlib.STATE / name / "inventory"), "site.yml"]
+    load_before = os.getloadavg()[0]
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=benchlib.REPO, env=env, capture_output=True, text=True)
+    wall = round(time.perf_counter() - start, 2)
+    log.write_text(proc.stdout + proc.stderr)
+    recap = [dict(pair.split("=") for pair in counts.split())
+             for _, counts in RECAP_RE.findall(proc.stdout.rpartition("PLAY RECAP")[2])]
+    slowest = sorted(((float(t), task.strip()) for task, t in TASK_TIME_RE.findall(proc.stdout)), reverse=True)[:5]
+    return {"wall_s": wall, "returncode": proc.returncode, "log": str(log),
+            "changed": sum(int(r["changed"]) for r in recap), "failed": sum(int(r["failed"]) for r in recap),
+            "slowest_tasks": [[task, t] for t, task in slowest],
+            "load_before": round(load_before, 2), "load_after": round(os.getloadavg()[0], 2)}
+
+
+def print_table(rows: list[dict]) -> None:
+    groups: dict[tuple, list[dict]] = {}
+    for row in rows:
+        p = row["params"]
+        groups.setdefault((p["hosts"], p["stage"], p["variant"]), []).append(row)
+    out = []
+    for (hosts, stage, variant), lines in groups.items():
+        f = [line["figures"] for line in lines]
+        loads = [x["load_before"] for x in f] + [x["load_after"] for x in f]
+        out.append([hosts, stage, variant, benchlib.spread([x["wall_s"] for x in f if x["returncode"] == 0]),
+                    "/".join(str(x["changed"]) for x in f), sum(x["returncode"] != 0 for x in f),
+                    f"{min(loads):g}-{max(loads):g}"])
+    print(benchlib.table(["hosts", "site.yml", "settings", "wall s", "changed tasks", "failed runs", "load 1m"], out))
+    for line in rows:
+        if line["params"]["stage"] == "first run":
+            slow = ", ".join(f"{task} {t:g} s" for task, t in line["figures"]["slowest_tasks"][:3])
+            print(f"{line['params']['hosts']} hosts, first run: hosts up in {line['figures']['hosts_up_s']} s; "
+                  f"slowest tasks: {slow}")
+
+
+if __name__ == "__main__":
+    main()
