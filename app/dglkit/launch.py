@@ -44,6 +44,9 @@ DEFAULTS = {
     "train_args": [],
 }
 STATUS_EVERY = 2.0
+# Servers load their partition before they listen, trainers import torch and dgl before they log: on a
+# large graph or a busy machine that takes minutes, whatever --stall-timeout says.
+START_TIMEOUT = 600.0
 POLL = 0.5
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
@@ -66,7 +69,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--master-port", type=int, help="torch.distributed port on machine 0 (default 29500)")
     parser.add_argument("--server-port", type=int, help="with --local: first DGL server port (default 30050)")
     parser.add_argument("--stall-timeout", type=float, help="stop the job when no trainer log grew for this many "
-                        "seconds (default 120)")
+                        "seconds once the trainers have started logging (default 120)")
     parser.add_argument("--connect-retries", type=int, help="DGL connect attempts, 3 s apart, before a trainer "
                         "gives up on a server (default 10)")
     parser.add_argument("--grace", type=float, help="seconds between SIGTERM and SIGKILL when stopping (default 10)")
@@ -248,7 +251,7 @@ class Launcher:
 
     def wait_for_servers_listening(self) -> None:
         ports = {self.job["port"] + s for s in range(self.cfg.num_servers)}
-        deadline = time.time() + self.cfg.stall_timeout
+        deadline = time.time() + START_TIMEOUT
         while self.state == "starting":
             listening = {conn.laddr.port for name, proc in self.procs.items() if proc.poll() is None
                          for conn in safe_connections(proc.pid) if conn.status == psutil.CONN_LISTEN}
@@ -257,14 +260,14 @@ class Launcher:
             if self.check_processes() or self.check_outside() or time.time() > deadline:
                 if self.state == "starting":
                     self.fail("servers", None, f"servers did not listen on ports {sorted(ports)} within "
-                              f"{self.cfg.stall_timeout:.0f} s", self.logs["server-0"])
+                              f"{START_TIMEOUT:.0f} s", self.logs["server-0"])
                 return
             self.write_status()
             time.sleep(POLL)
 
     def supervise(self) -> None:
         sizes: dict[Path, int] = {}
-        last_growth = time.time()
+        started, last_growth = time.time(), None
         while self.state == "running":
             self.track_descendants()
             for log in self.node_dir.glob("trainer-*.log"):
@@ -273,12 +276,15 @@ class Launcher:
                     sizes[log], last_growth = size, time.time()
             if self.check_processes() or self.check_outside():
                 return
-            trainers = self.procs["trainers"].poll()
-            if trainers == 0:
+            if self.procs["trainers"].poll() == 0:
                 self.wait_for_servers_exit()
                 return
-            if time.time() - last_growth > self.cfg.stall_timeout:
-                log = max(sizes, key=lambda p: p.stat().st_mtime) if sizes else self.logs["trainers"]
+            if last_growth is None and time.time() - started > START_TIMEOUT:
+                self.fail("trainers", None, f"no trainer log appeared within {START_TIMEOUT:.0f} s",
+                          self.logs["trainers"])
+                return
+            if last_growth is not None and time.time() - last_growth > self.cfg.stall_timeout:
+                log = max(sizes, key=lambda p: p.stat().st_mtime)
                 self.fail("trainers", None, f"stalled: no trainer log grew for {self.cfg.stall_timeout:.0f} s", log)
                 return
             self.write_status()

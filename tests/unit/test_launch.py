@@ -23,15 +23,12 @@ def read_metrics(job_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (job_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def wait_for(condition, timeout: float, what: str) -> None:
-    deadline = time.time() + timeout
-    while not condition():
-        assert time.time() < deadline, f"timed out after {timeout} s waiting for {what}"
+def wait_for_first_epoch(launch, log: Path) -> None:
+    deadline = time.time() + 180
+    while not (log.exists() and "val_acc" in log.read_text()):
+        assert launch.poll() is None, f"launcher exited {launch.returncode} before the first epoch"
+        assert time.time() < deadline, "no epoch within 180 s"
         time.sleep(0.3)
-
-
-def trained_epochs(log: Path) -> int:
-    return log.read_text().count("val_acc") if log.exists() else 0
 
 
 @pytest.mark.slow
@@ -106,7 +103,7 @@ def test_killed_process_stops_the_job_and_leaves_nothing(victim, partition_1, tm
     shm_before = set(os.listdir("/dev/shm"))
     launch, ports = start_local_job(job_dir, partition_1, "n1", "--grace", 5, train_args=ENDLESS_TRAIN_ARGS)
     node_dir = job_dir / "nodes/n1"
-    wait_for(lambda: trained_epochs(node_dir / "trainer-1.log") >= 1, 180, "the first epoch")
+    wait_for_first_epoch(launch, node_dir / "trainer-1.log")
     processes = {p["name"]: p["pid"] for p in json.loads((node_dir / "status.json").read_text())["processes"]}
     if victim == "server-1":
         pid = processes["server-1"]
@@ -137,7 +134,7 @@ def test_stalled_trainer_stops_the_job(partition_1, tmp_path):
     launch, ports = start_local_job(job_dir, partition_1, "n1", "--stall-timeout", 8, "--grace", 3,
                                     train_args=ENDLESS_TRAIN_ARGS)
     node_dir = job_dir / "nodes/n1"
-    wait_for(lambda: trained_epochs(node_dir / "trainer-0.log") >= 1, 180, "the first epoch")
+    wait_for_first_epoch(launch, node_dir / "trainer-0.log")
     torchrun = next(p["pid"] for p in json.loads((node_dir / "status.json").read_text())["processes"]
                     if p["name"] == "trainers")
     for trainer in psutil.Process(torchrun).children():
