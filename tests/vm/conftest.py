@@ -12,10 +12,6 @@ import vmlab  # noqa: E402
 HOSTS = ["storage", "w1", "w2"]
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "vm: qemu VMs with real kernels, minutes; run alone: pytest -m vm tests/vm")
-
-
 @pytest.fixture(scope="session")
 def lab() -> dict:
     """The running VMs: {"hosts": {name: {"ip", "pid"}}, "accel", "boot_seconds"}."""

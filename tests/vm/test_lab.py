@@ -25,7 +25,8 @@ def test_each_vm_has_its_own_verified_host_key(lab: dict, tmp_path) -> None:
     pub = (vmlab.STATE / "vms" / second / "ssh_host_ed25519_key.pub").read_text()
     wrong = tmp_path / "known_hosts"
     wrong.write_text(f"{lab['hosts'][first]['ip']} {pub}")
-    args = [a.replace(str(vmlab.STATE / "ssh/known_hosts"), str(wrong)) for a in vmlab.ssh_args(lab["hosts"][first]["ip"])]
+    # ssh takes the first value of an option: these override the lab's known_hosts and shared connection.
+    args = ["ssh", "-o", f"UserKnownHostsFile={wrong}", "-o", "ControlPath=none"] + vmlab.ssh_args(lab["hosts"][first]["ip"])[1:]
     proc = subprocess.run(args + ["true"], capture_output=True, text=True)
     assert proc.returncode != 0 and "Host key verification failed" in proc.stderr
 
