@@ -128,30 +128,29 @@ def exports_run(root: Path) -> list[Run]:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[Run]]:
-    def tmp(name: str) -> Path:
-        return tmp_path_factory.mktemp(name)
-
-    jobs: dict[str, Callable[[], list[Run]]] = {
-        "good": lambda: [site(make_inventory(tmp("good"), ["node1"], ["node2", "node3"],
-                                             dglkit_cluster_network="127.0.0.0/24"), "--tags", "validate")],
-        "unreachable": lambda: [site(make_inventory(tmp("down"), ["node1"], ["node2"], {"node2": {
+    # case -> job(directory of its own) -> runs
+    jobs: dict[str, Callable[[Path], list[Run]]] = {
+        "good": lambda root: [site(make_inventory(root, ["node1"], ["node2", "node3"],
+                                                  dglkit_cluster_network="127.0.0.0/24"), "--tags", "validate")],
+        "unreachable": lambda root: [site(make_inventory(root, ["node1"], ["node2"], {"node2": {
             "ansible_connection": "ssh", "ansible_port": 9, "ansible_ssh_common_args": "-o ConnectTimeout=5"}}))],
-        "ip-order": lambda: ip_config_runs(tmp("order"), [(["node1"], ["node3", "node2"], {})]),
-        "ip-resize": lambda: ip_config_runs(tmp("resize"), [(["node1"], ["node2", "node3", "node4"], {}),
-                                                             (["node1"], ["node3", "node4"], {})]),
-        "ip-storage-worker": lambda: ip_config_runs(tmp("both"), [(["node1"], ["node1", "node2"], {})]),
-        "ip-resolved": lambda: ip_config_runs(tmp("names"), [(["node1"], ["node2", "node3"], {
+        "ip-order": lambda root: ip_config_runs(root, [(["node1"], ["node3", "node2"], {})]),
+        "ip-resize": lambda root: ip_config_runs(root, [(["node1"], ["node2", "node3", "node4"], {}),
+                                                        (["node1"], ["node3", "node4"], {})]),
+        "ip-storage-worker": lambda root: ip_config_runs(root, [(["node1"], ["node1", "node2"], {})]),
+        "ip-resolved": lambda root: ip_config_runs(root, [(["node1"], ["node2", "node3"], {
             "node2": {"dglkit_cluster_address": "127.0.5.2"}, "node3": {"dglkit_cluster_address": "localhost"}})]),
-        "exports": lambda: exports_run(tmp("exports")),
+        "exports": exports_run,
     }
     for case, (storage, workers, hostvars, settings, _) in BAD_INVENTORIES.items():
-        jobs[case] = (lambda s=storage, w=workers, h=hostvars, o=settings:
-                      [site(make_inventory(tmp("bad"), s, w, h, **o))])
+        jobs[case] = (lambda root, s=storage, w=workers, h=hostvars, o=settings:
+                      [site(make_inventory(root, s, w, h, **o))])
     for case, (facts, _) in BAD_PLATFORMS.items():
-        jobs[case] = lambda f=facts: [site(make_inventory(tmp("platform"), ["node1"], ["node2"]),
-                                           "--limit", "localhost,node2", "-e", json.dumps(f))]
+        jobs[case] = lambda root, f=facts: [site(make_inventory(root, ["node1"], ["node2"]),
+                                                 "--limit", "localhost,node2", "-e", json.dumps(f))]
+    base = tmp_path_factory.mktemp("site")
     with ThreadPoolExecutor(max_workers=4) as pool:
-        futures = {case: pool.submit(job) for case, job in jobs.items()}
+        futures = {case: pool.submit(job, base / case) for case, job in jobs.items()}
         return {case: future.result() for case, future in futures.items()}
 
 
@@ -181,7 +180,8 @@ def test_an_unreachable_host_stops_the_run_with_its_name(runs: dict[str, list[Ru
     # node2 is an SSH host on a loopback port where nothing listens; node1 must not be changed either.
     [run] = runs["unreachable"]
     assert run.returncode != 0
-    assert any(f.startswith("node2: ") and "Connection refused" in f for f in run.failures), run.failures
+    assert [f for f in run.failures if not f.startswith("node2: ")] == [], run.failures
+    assert "127.0.0.12" in run.failures[0] and "reached over ssh" in run.failures[0], run.failures
     assert all(counts["changed"] == 0 for counts in run.stats.values())
 
 
