@@ -152,19 +152,14 @@ def tree_rss(pid: int) -> int:
     return total
 
 
-def median(values: list[float]) -> float | None:
-    values = [v for v in values if v is not None]
-    return round(statistics.median(values), 2) if values else None
-
-
 def spread(values: list[float]) -> str:
-    """'median (min-max, n)' for a table cell; just the value for one run."""
+    """'median (min-max, n)' for a table cell, 4 significant digits; just the value for one run."""
     values = [v for v in values if v is not None]
     if not values:
         return "-"
     if len(values) == 1:
-        return f"{values[0]:g}"
-    return f"{median(values):g} ({min(values):g}-{max(values):g}, n={len(values)})"
+        return f"{values[0]:.4g}"
+    return f"{statistics.median(values):.4g} ({min(values):.4g}-{max(values):.4g}, n={len(values)})"
 
 
 def table(header: list[str], rows: list[list[Any]]) -> str:

@@ -37,6 +37,7 @@ def main() -> None:
     parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma list of: {', '.join(VARIANTS)}")
     parser.add_argument("--existing", action="store_true",
                         help="only re-runs, on clusters bringup<N> that an earlier --keep-cluster run left up")
+    parser.add_argument("--cluster", help="with --existing and one --hosts size: re-run on this cluster instead")
     parser.add_argument("--keep-cluster", action="store_true", help="leave the last cluster running")
     benchlib.add_common_arguments(parser, "2 hosts, one re-run, kit settings only")
     args = benchlib.parse(parser, "bringup", print_table)
@@ -53,7 +54,7 @@ def main() -> None:
 
     rows = []
     for hosts in sizes:
-        name = f"bringup{hosts}"
+        name = args.cluster if args.existing and args.cluster else f"bringup{hosts}"
         if not args.existing:
             clusterlib.down(name)  # fresh hosts: nothing left from an earlier run
             start = time.perf_counter()
@@ -78,7 +79,7 @@ def record(name: str, hosts: int, stage: str, variant: str, run: int, env: dict,
                    LOGS / f"{name}-{stage.replace(' ', '-')}-{variant.replace(' ', '-')}-{run}.log")
     if up_s is not None:
         figures["hosts_up_s"] = up_s
-    params = {"hosts": hosts, "stage": stage, "variant": variant, "env": env, "run": run}
+    params = {"hosts": hosts, "cluster": name, "stage": stage, "variant": variant, "env": env, "run": run}
     line = benchlib.append("bringup", {"params": params, "figures": figures})
     print(f"{hosts} hosts, {stage}, {variant}, run {run}: {figures['wall_s']} s, changed {figures['changed']}, "
           f"failed {figures['failed']}, load {figures['load_before']}->{figures['load_after']}", flush=True)
