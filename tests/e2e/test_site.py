@@ -1,0 +1,121 @@
+"""site.yml on real hosts: three fresh nspawn hosts (node1 storage, node2 and node3 workers), then the
+storage host as a worker too, a bad inventory and a host that is down.
+
+The tests run in file order on one cluster: the later ones reshape it.
+"""
+from __future__ import annotations
+
+import re
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Iterator
+
+import pytest
+import yaml
+
+if TYPE_CHECKING:
+    from conftest import Cluster, PlaybookRun
+
+REPO = Path(__file__).resolve().parents[2]
+PINS = dict(re.findall(r"(?m)^(dgl|torch)==(\S+)$", (REPO / "app/requirements/node.txt").read_text()))
+WORKSPACE = "/srv/dglkit"
+
+
+@pytest.fixture(scope="module")
+def runs(cluster: Cluster) -> dict[str, PlaybookRun]:
+    """On the fresh cluster: --check, the real run, a second run, --check again."""
+    return {name: cluster.playbook("site.yml", *args) for name, args in
+            [("fresh-check", ["--check"]), ("first", []), ("second", []), ("set-up-check", ["--check"])]}
+
+
+@contextmanager
+def hosts_file(cluster: Cluster, content: str) -> Iterator[None]:
+    """The cluster's inventory with another hosts.yml for a while (its group_vars stay)."""
+    path = cluster.inventory / "hosts.yml"
+    original = path.read_text()
+    path.write_text(content)
+    try:
+        yield
+    finally:
+        path.write_text(original)
+
+
+def mtimes(cluster: Cluster, host: str, paths: list[str]) -> str:
+    return cluster.ssh(host, "stat -c '%n %Y' " + " ".join(paths)).stdout
+
+
+def test_check_mode_on_fresh_hosts_fails_nowhere(cluster: Cluster, runs: dict[str, PlaybookRun]) -> None:
+    assert sorted(runs["fresh-check"].recap) == sorted([*cluster.hosts(), "localhost"])
+    assert runs["fresh-check"].failed_hosts() == []
+
+
+def test_first_run_sets_up_every_host(cluster: Cluster, runs: dict[str, PlaybookRun]) -> None:
+    assert runs["first"].failed_hosts() == []
+    assert runs["first"].changed_hosts() == sorted(cluster.hosts())
+
+
+def test_second_run_and_check_mode_change_nothing(runs: dict[str, PlaybookRun]) -> None:
+    for name in ("second", "set-up-check"):
+        assert runs[name].failed_hosts() == [], name
+        assert runs[name].changed_hosts() == [], (name, runs[name].recap)
+
+
+def test_nodes_ssh_to_each_other_with_strict_host_key_checking(cluster: Cluster,
+                                                               runs: dict[str, PlaybookRun]) -> None:
+    targets = [name for host in cluster.hosts().items() for name in host]
+    loop = " ".join(targets)
+    for host in cluster.hosts():
+        # No DNS on the test network: names work through the kit's ssh_config, addresses directly.
+        out = cluster.ssh(host, f"for t in {loop}; do ssh -o BatchMode=yes -o StrictHostKeyChecking=yes "
+                                f"-o UserKnownHostsFile=/dev/null $t hostname; done").stdout.split()
+        assert out == [name for name in cluster.hosts() for _ in range(2)], (host, out)
+
+
+def test_ip_config_matches_the_inventory(cluster: Cluster, runs: dict[str, PlaybookRun]) -> None:
+    workers = cluster.groups()["workers"]
+    assert (cluster.workspace / "ip_config.txt").read_text().splitlines() == \
+        [f"{address} 30050" for address in workers.values()]
+
+
+def test_dgl_torch_and_the_app_import_at_the_pinned_versions_everywhere(cluster: Cluster,
+                                                                        runs: dict[str, PlaybookRun]) -> None:
+    script = "import dgl, torch, dglkit; print(dgl.__version__, torch.__version__.split('+')[0], dglkit.__file__)"
+    for host in cluster.hosts():
+        out = cluster.ssh(host, f'DGLBACKEND=pytorch {WORKSPACE}/venv/bin/python -c "{script}"').stdout.split()
+        assert out == [PINS["dgl"], PINS["torch"], f"{WORKSPACE}/app/dglkit/__init__.py"], host
+
+
+def test_a_bad_inventory_fails_before_any_host_is_changed(cluster: Cluster, runs: dict[str, PlaybookRun]) -> None:
+    hosts = yaml.safe_load((cluster.inventory / "hosts.yml").read_text())
+    workers = hosts["all"]["children"]["cluster"]["children"]["workers"]["hosts"]
+    workers["node3"]["dglkit_cluster_address"] = workers["node2"]["ansible_host"]
+    watched = [f"{WORKSPACE}/ip_config.txt", "/etc/ssh/dglkit_known_hosts", "/etc/ssh/ssh_config.d/dglkit.conf"]
+    before = {host: mtimes(cluster, host, watched) for host in cluster.hosts()}
+    with hosts_file(cluster, yaml.safe_dump(hosts)):
+        run = cluster.playbook("site.yml", check=False)
+    assert run.returncode != 0
+    assert list(run.recap) == ["localhost"]
+    assert f"node2 and node3 share the cluster address {workers['node2']['ansible_host']}" in run.output
+    assert {host: mtimes(cluster, host, watched) for host in cluster.hosts()} == before
+
+
+def test_storage_host_as_a_worker(cluster: Cluster, runs: dict[str, PlaybookRun]) -> None:
+    cluster.up(3, storage_is_worker=True)
+    assert list(cluster.groups()["workers"]) == ["node1", "node2", "node3"]
+    run = cluster.playbook("site.yml")
+    # Only the workspace's ip_config.txt, written on the storage host, has to change.
+    assert run.changed_hosts() == ["node1"]
+    assert (cluster.workspace / "ip_config.txt").read_text().splitlines() == \
+        [f"{address} 30050" for address in cluster.hosts().values()]
+    assert cluster.playbook("site.yml").changed_hosts() == []
+
+
+def test_a_host_that_is_down_stops_the_run_with_its_name(cluster: Cluster, runs: dict[str, PlaybookRun]) -> None:
+    with_node3 = (cluster.inventory / "hosts.yml").read_text()
+    cluster.remove("node3")
+    with hosts_file(cluster, with_node3):
+        run = cluster.playbook("site.yml", check=False)
+    assert run.returncode != 0
+    assert run.recap["node3"]["unreachable"] == 1
+    assert re.search(r"fatal: \[node3\]: UNREACHABLE!.*\n(.*\n)*?.*(No route to host|timed out|refused)", run.output)
+    assert all(run.recap[host]["changed"] == 0 for host in ("node1", "node2"))
