@@ -153,13 +153,18 @@ def tree_rss(pid: int) -> int:
 
 
 def spread(values: list[float]) -> str:
-    """'median (min-max, n)' for a table cell, 4 significant digits; just the value for one run."""
+    """'median (min-max, n)' for a table cell; just the value for one run."""
     values = [v for v in values if v is not None]
     if not values:
         return "-"
     if len(values) == 1:
-        return f"{values[0]:.4g}"
-    return f"{statistics.median(values):.4g} ({min(values):.4g}-{max(values):.4g}, n={len(values)})"
+        return number(values[0])
+    return f"{number(statistics.median(values))} ({number(min(values))}-{number(max(values))}, n={len(values)})"
+
+
+def number(value: float) -> str:
+    """4 significant digits, but never an exponent for large counts."""
+    return f"{value:.0f}" if abs(value) >= 1000 else f"{value:.4g}"
 
 
 def table(header: list[str], rows: list[list[Any]]) -> str:

@@ -110,7 +110,8 @@ def print_table(rows: list[dict]) -> None:
         p = row["params"]
         groups.setdefault((p["hosts"], p["stage"], p["variant"]), []).append(row)
     out = []
-    for (hosts, stage, variant), lines in groups.items():
+    for (hosts, stage, variant), lines in sorted(groups.items(), key=lambda g: (g[0][0], g[0][1] != "first run",
+                                                                               list(VARIANTS).index(g[0][2]))):
         f = [line["figures"] for line in lines]
         loads = [x["load_before"] for x in f] + [x["load_after"] for x in f]
         out.append([hosts, stage, variant, benchlib.spread([x["wall_s"] for x in f if x["returncode"] == 0]),

@@ -107,7 +107,7 @@ def print_table(rows: list[dict]) -> None:
     for row in rows:
         groups.setdefault((row["params"]["launcher"], row["params"]["target"]), []).append(row)
     out = []
-    for (launcher, target), lines in groups.items():
+    for (launcher, target), lines in sorted(groups.items()):
         f = [line["figures"] for line in lines]
         done = [x["all_exited_s"] for x in f if x.get("all_exited_s") is not None]
         hung = len([x for x in f if "all_exited_s" in x and x["all_exited_s"] is None])
@@ -121,7 +121,7 @@ def print_table(rows: list[dict]) -> None:
                     benchlib.spread([x.get("detected_s") for x in f]),
                     sum(sum(x.get("shm_files_left", {}).values()) for x in f), "; ".join(sorted(reasons)) or "-"])
     print(benchlib.table(["launcher", "SIGKILL", "all processes on all nodes gone, s", "FAILED written after, s",
-                          "/dev/shm files left (all runs)", "reported"], out))
+                          "/dev/shm files left behind (all runs)", "reported"], out))
 
 
 if __name__ == "__main__":
