@@ -6,6 +6,7 @@ The tests share the cluster and run in file order: each leaves every host clean 
 """
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -90,7 +91,8 @@ def workers(cluster: Cluster) -> list[str]:
 
 def assert_clean(cluster: Cluster) -> None:
     for host in cluster.hosts():
-        left = json.loads(cluster.ssh(host, f"python3 -c {json.dumps(LEFTOVERS)}").stdout)
+        script = base64.b64encode(LEFTOVERS.encode()).decode()
+        left = json.loads(cluster.ssh(host, f"python3 -c 'import base64; exec(base64.b64decode(\"{script}\"))'").stdout)
         assert left == {"procs": [], "ports": [], "shm": [], "unit": "inactive"}, (host, left)
 
 
