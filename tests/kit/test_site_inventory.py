@@ -7,6 +7,7 @@ The runs are independent, so one fixture starts them all at once and the tests r
 """
 import json
 import os
+import shutil
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -141,6 +142,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[Run]]:
         "ip-resolved": lambda root: ip_config_runs(root, [(["node1"], ["node2", "node3"], {
             "node2": {"dglkit_cluster_address": "127.0.5.2"}, "node3": {"dglkit_cluster_address": "localhost"}})]),
         "exports": exports_run,
+        "firewall": lambda root: [site(make_inventory(root, ["node1"], ["node2", "node3"]), "--tags", "firewall_rules",
+                                       "--check", "--diff", "-e", "dglkit_firewall=true", "--limit", "localhost,node2")],
     }
     for case, (storage, workers, hostvars, settings, _) in BAD_INVENTORIES.items():
         jobs[case] = (lambda root, s=storage, w=workers, h=hostvars, o=settings:
@@ -205,3 +208,18 @@ def test_exports_list_only_the_cluster_hosts(runs: dict[str, list[Run]]) -> None
     assert len(run.diffs) == 1, run.diffs
     export = [line for line in run.diffs[0].splitlines() if line and not line.startswith("#")]
     assert export == [f"{run.workspace} " + " ".join(f"127.0.0.{n}{EXPORT_OPTIONS}" for n in (11, 12, 13))]
+
+
+@pytest.mark.skipif(not shutil.which("nft") or os.geteuid() != 0, reason="needs root and nft (apt-get install nftables)")
+def test_firewall_rules_load_and_reload_in_a_network_namespace(runs: dict[str, list[Run]], tmp_path: Path) -> None:
+    # The test hosts lack CAP_NET_ADMIN, so the rules are loaded into a throwaway namespace here, twice: the
+    # second load must replace the table, not fail or add to it.
+    [run] = runs["firewall"]
+    assert run.returncode == 0 and run.failures == [] and len(run.diffs) == 1, run.failures
+    rules = tmp_path / "firewall.nft"
+    rules.write_text(run.diffs[0])
+    assert "elements = { 127.0.0.11, 127.0.0.12, 127.0.0.13 }" in run.diffs[0]
+    proc = subprocess.run(["unshare", "--net", "sh", "-ec", f"nft -f {rules}; nft -f {rules}; nft list table inet dglkit"],
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("tcp dport { 29500, 30050-30065, 32768-60999 }") == 2, proc.stdout
