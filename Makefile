@@ -7,7 +7,7 @@ WHEELHOUSE  := $(CACHE)/wheelhouse
 CLUSTER     := tests/cluster/testcluster.py
 DEMO        := demo
 DEMO_INV    := /var/lib/dglkit-testcluster/$(DEMO)/inventory
-APT_PACKAGES := debootstrap systemd-container qemu-system-x86 qemu-utils dpkg-dev iproute2 openssh-client rsync
+APT_PACKAGES := debootstrap systemd-container qemu-system-x86 qemu-utils dpkg-dev iproute2 openssh-client rsync nftables
 
 .PHONY: deps setup test test-unit test-e2e test-vm demo demo-down lint
 

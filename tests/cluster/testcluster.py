@@ -239,8 +239,17 @@ def write_access(state: dict) -> None:
         "dglkit_wheelhouse_dir: /opt/dglkit-offline/wheelhouse\n")
 
 
+def raise_inotify_limit(minimum: int = 1024) -> None:
+    """Each host's systemd takes inotify instances from the one kernel-wide per-user budget (root's default 128
+    runs out at a few dozen hosts: "Too many open files" at boot)."""
+    limit = Path("/proc/sys/fs/inotify/max_user_instances")
+    if int(limit.read_text()) < minimum:
+        limit.write_text(str(minimum))
+
+
 def up(name: str, count: int, storage_is_worker: bool, timeout: float) -> None:
     stage = staging.stage()
+    raise_inotify_limit()
     state = load_state(name)
     if state and any(nspawn_pid(name, h) is None for h in state["hosts"]):
         log(f"cleaning up leftovers of an earlier run of {name}")
