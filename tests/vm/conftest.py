@@ -1,4 +1,4 @@
-"""The VM tier: one set of qemu VMs (storage, w1, w2) for the whole session, torn down at the end."""
+"""The VM tier: one set of qemu VMs (node1 storage, node2 and node3 workers) for the session, torn down at the end."""
 from __future__ import annotations
 
 import sys
@@ -9,7 +9,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import vmlab  # noqa: E402
 
-HOSTS = ["storage", "w1", "w2"]
+HOSTS = ["node1", "node2", "node3"]  # node1 is the storage host
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,126 @@
+"""The kit's NFS roles on real kernels: site.yml's shared-workspace stage with `dglkit_shared_fs: nfs`.
+
+The storage VM (node1) gets nfs_server, node2 and node3 nfs_client, all from the staged apt repository, exactly
+as a user's `ansible-playbook -i <inventory> site.yml` runs them. The tests run in order on one set of VMs.
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+import vmlab
+
+pytestmark = pytest.mark.vm
+
+REPO = Path(__file__).resolve().parents[2]
+# The checks and the shared-workspace stage of site.yml; the later stages (Python environment) are not
+# what this tier is for and would take an hour under emulation.
+SITE_TAGS = "shared_fs"
+WORKSPACE = "/srv/dglkit"
+STORAGE, CLIENTS = "node1", ("node2", "node3")
+RECAP = re.compile(r"^(\S+)\s+:\s+ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", re.M)
+
+
+def site(inventory: Path, log: Path) -> dict[str, int]:
+    """Runs site.yml's shared-workspace stage (output with task times in `log`); returns changed tasks per host."""
+    cmd = [Path(sys.executable).with_name("ansible-playbook"), "-i", inventory, "site.yml", "--tags", SITE_TAGS]
+    env = dict(os.environ, ANSIBLE_CALLBACKS_ENABLED="ansible.posix.profile_tasks", ANSIBLE_NOCOLOR="1")
+    with open(log, "w") as out:
+        proc = subprocess.run([str(c) for c in cmd], cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=out,
+                              stderr=subprocess.STDOUT, timeout=1500)
+    output = log.read_text()
+    assert proc.returncode == 0, f"site.yml failed (whole output in {log}):\n{output[-4000:]}"
+    assert "TASK [nfs_server :" in output, f"site.yml ran no NFS role under --tags {SITE_TAGS}: tag its workspace stage"
+    recap = {m.group(1): int(m.group(3)) for m in RECAP.finditer(output)}
+    assert set(recap) >= {STORAGE, *CLIENTS}, output[-2000:]
+    return recap
+
+
+def exported_to(lab: dict) -> set[str]:
+    """The addresses the storage VM's kernel exports the workspace to (exportfs -s: "<dir> <client>(opts)...")."""
+    out = vmlab.ssh(STORAGE, "exportfs -s").stdout
+    return {client.split("(")[0] for line in out.splitlines() if line.split()[:1] == [WORKSPACE]
+            for client in line.split()[1:]}
+
+
+@pytest.fixture(scope="module")
+def first_run(inventory: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, int]:
+    return site(inventory, tmp_path_factory.mktemp("site") / "first-run.log")
+
+
+def test_first_run_sets_up_every_host(first_run: dict[str, int]) -> None:
+    assert all(first_run[host] > 0 for host in (STORAGE, *CLIENTS)), first_run
+
+
+def test_export_is_restricted_to_the_cluster_hosts(lab: dict, first_run: dict) -> None:
+    assert exported_to(lab) == {vm["ip"] for vm in lab["hosts"].values()}
+
+
+def test_clients_mount_the_workspace_persistently(lab: dict, first_run: dict) -> None:
+    source = f"{lab['hosts'][STORAGE]['ip']}:{WORKSPACE}"
+    for host in CLIENTS:
+        mounted = vmlab.ssh(host, f"findmnt -n -o SOURCE,FSTYPE {WORKSPACE}").stdout.split()
+        assert mounted == [source, "nfs4"], host
+        in_fstab = vmlab.ssh(host, f"findmnt --fstab -n -o SOURCE,FSTYPE {WORKSPACE}").stdout.split()
+        assert in_fstab == [source, "nfs"], host
+
+
+def test_a_file_written_on_each_client_is_seen_everywhere(lab: dict, first_run: dict) -> None:
+    for writer, other in (CLIENTS, CLIENTS[::-1]):
+        token = uuid.uuid4().hex
+        path = f"{WORKSPACE}/vmtest-{writer}-{token}"
+        vmlab.ssh(writer, f"echo {token} > {path}")
+        for reader in (STORAGE, other):
+            assert vmlab.ssh(reader, f"cat {path}").stdout.strip() == token, f"{reader} reading {writer}'s file"
+
+
+def test_a_host_outside_the_export_list_is_refused(lab: dict, first_run: dict) -> None:
+    """A second address on a client, in a network namespace of its own, that the export list does not name."""
+    outsider = f"{vmlab.SUBNET}.250"
+    assert outsider not in exported_to(lab)
+    server = lab["hosts"][STORAGE]["ip"]
+    vmlab.ssh(CLIENTS[1], "ip link add outsider link eth0 type macvlan mode bridge && ip netns add outsider && "
+                    "ip link set outsider netns outsider && "
+                    f"ip -n outsider addr add {outsider}/24 dev outsider && ip -n outsider link set outsider up")
+    try:
+        # The server is reachable from there: a refusal below is the export list at work, not the network.
+        vmlab.ssh(CLIENTS[1], f"ip netns exec outsider ping -c1 -W5 {server}")
+        refused = vmlab.ssh(CLIENTS[1], f"mkdir -p /mnt/outsider && ip netns exec outsider "
+                                  f"mount -t nfs -o soft,timeo=50,retrans=1 {server}:{WORKSPACE} /mnt/outsider",
+                            check=False)
+        assert refused.returncode != 0 and "access denied by server" in refused.stderr, refused.stderr
+    finally:
+        vmlab.ssh(CLIENTS[1], "ip netns delete outsider; rmdir /mnt/outsider", check=False)
+
+
+def test_second_run_changes_nothing(inventory: Path, first_run: dict, tmp_path: Path) -> None:
+    recap = site(inventory, tmp_path / "second-run.log")
+    assert all(changed == 0 for changed in recap.values()), recap
+
+
+def test_the_mount_comes_back_after_a_client_reboot(lab: dict, first_run: dict) -> None:
+    boot_id = vmlab.ssh(CLIENTS[0], "cat /proc/sys/kernel/random/boot_id").stdout
+    vmlab.ssh(CLIENTS[0], "systemctl reboot", check=False)
+    deadline = time.monotonic() + 420
+    while True:
+        try:
+            again = vmlab.ssh(CLIENTS[0], "cat /proc/sys/kernel/random/boot_id", check=False, timeout=20)
+        except subprocess.TimeoutExpired:
+            again = None
+        if again and again.returncode == 0 and again.stdout != boot_id:
+            break
+        assert time.monotonic() < deadline, f"{CLIENTS[0]} did not come back from its reboot within 420 s"
+        time.sleep(3)
+    # sshd comes up before the end of boot: wait for systemd to finish it (from fstab) rather than race it.
+    vmlab.ssh(CLIENTS[0], "systemctl is-system-running --wait", check=False)
+    token = uuid.uuid4().hex
+    vmlab.ssh(STORAGE, f"echo {token} > {WORKSPACE}/vmtest-after-reboot")
+    assert vmlab.ssh(CLIENTS[0], f"findmnt -n -o FSTYPE {WORKSPACE}").stdout.strip() == "nfs4"
+    assert vmlab.ssh(CLIENTS[0], f"cat {WORKSPACE}/vmtest-after-reboot").stdout.strip() == token
