@@ -108,22 +108,26 @@ def print_table(rows: list[dict]) -> None:
     groups: dict[tuple, list[dict]] = {}
     for row in rows:
         p = row["params"]
-        groups.setdefault((p["hosts"], p["stage"], p["variant"]), []).append(row)
+        # Re-runs on another cluster (--existing --cluster) are a row of their own.
+        cluster = p.get("cluster", f"bringup{p['hosts']}")
+        groups.setdefault((p["hosts"], p["stage"] != "first run", list(VARIANTS).index(p["variant"]), cluster),
+                          []).append(row)
     out = []
-    for (hosts, stage, variant), lines in sorted(groups.items(), key=lambda g: (g[0][0], g[0][1] != "first run",
-                                                                               list(VARIANTS).index(g[0][2]))):
+    for (hosts, _, _, cluster), lines in sorted(groups.items()):
         f = [line["figures"] for line in lines]
+        p = lines[0]["params"]
         loads = [x["load_before"] for x in f] + [x["load_after"] for x in f]
-        out.append([hosts, stage, variant, benchlib.spread([x["wall_s"] for x in f if x["returncode"] == 0]),
+        out.append([hosts if cluster == f"bringup{hosts}" else f"{hosts} ({cluster})", p["stage"], p["variant"],
+                    benchlib.spread([x["wall_s"] for x in f if x["returncode"] == 0]),
                     "/".join(str(x["changed"]) for x in f), sum(x["returncode"] != 0 for x in f),
                     f"{min(loads):g}-{max(loads):g}"])
     print(benchlib.table(["hosts", "site.yml", "settings", "wall s", "changed tasks", "failed runs", "load 1m"], out))
+    print()
     for line in rows:
         if line["params"]["stage"] == "first run":
             slow = ", ".join(f"{task} {t:g} s" for task, t in line["figures"]["slowest_tasks"][:3])
-            print(f"{line['params']['hosts']} hosts, first run: hosts up in {line['figures']['hosts_up_s']} s; "
+            print(f"- {line['params']['hosts']} hosts, first run: hosts up in {line['figures']['hosts_up_s']} s; "
                   f"slowest tasks: {slow}")
-
 
 if __name__ == "__main__":
     main()
