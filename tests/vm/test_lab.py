@@ -26,8 +26,9 @@ def test_each_vm_has_its_own_verified_host_key(lab: dict, tmp_path) -> None:
     wrong = tmp_path / "known_hosts"
     wrong.write_text(f"{lab['hosts'][first]['ip']} {pub}")
     # ssh takes the first value of an option: these override the lab's known_hosts and shared connection.
-    args = ["ssh", "-o", f"UserKnownHostsFile={wrong}", "-o", "ControlPath=none"] + vmlab.ssh_args(lab["hosts"][first]["ip"])[1:]
-    proc = subprocess.run(args + ["true"], capture_output=True, text=True)
+    override = ["ssh", "-o", f"UserKnownHostsFile={wrong}", "-o", "ControlPath=none"]
+    proc = subprocess.run(override + vmlab.ssh_args(lab["hosts"][first]["ip"])[1:] + ["true"], capture_output=True,
+                          text=True)
     assert proc.returncode != 0 and "Host key verification failed" in proc.stderr
 
 

@@ -2,7 +2,7 @@
 """Debian 12 qemu VMs with their own kernels, for what the nspawn test hosts cannot do (kernel NFS).
 
     python3 tests/vm/vmlab.py image                         build the cached disk image (no-op when current)
-    python3 tests/vm/vmlab.py up --hosts storage,w1,w2      boot VMs, wait for SSH, write an inventory
+    python3 tests/vm/vmlab.py up --hosts node1,node2,node3  boot VMs (node1: storage), wait for SSH, write an inventory
     python3 tests/vm/vmlab.py down                          stop the VMs, remove taps, namespace and overlays
 
 The image is a raw ext4 disk made from a debootstrap root; its kernel is booted directly (-kernel/-initrd).
@@ -18,12 +18,12 @@ import hashlib
 import io
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import tarfile
-import tempfile
 import time
 from pathlib import Path
 
@@ -47,6 +47,8 @@ SUBNET = "10.78.0"  # the nspawn harness uses another /24
 CONTROLLER_IP = f"{SUBNET}.1"
 FIRST_HOST = 11
 MEMORY_MB = 768
+MAX_HOSTS = 8  # a few hundred MB each, and every one a busy emulated CPU
+HOST_NAME = re.compile(r"[a-z][a-z0-9-]{0,30}")
 APT_LINE = "deb [trusted=yes] file:/opt/dglkit-offline/apt ./"
 
 
@@ -119,7 +121,11 @@ def kvm_boots(image: Path) -> bool:
 
 
 def accelerator(image: Path) -> str:
-    return os.environ.get("DGLKIT_VM_ACCEL") or ("kvm" if kvm_boots(image) else "tcg")
+    """DGLKIT_VM_ACCEL (tcg or kvm) if set, which skips the probe; else KVM when a probe boot works."""
+    chosen = os.environ.get("DGLKIT_VM_ACCEL", "")
+    if chosen not in ("", "tcg", "kvm"):
+        raise RuntimeError(f"DGLKIT_VM_ACCEL={chosen!r}: set it to tcg or kvm, or unset it to probe")
+    return chosen or ("kvm" if kvm_boots(image) else "tcg")
 
 
 def address(index: int) -> str:
@@ -130,7 +136,7 @@ def seed_archive(host: str, ip: str, host_key: Path, controller_pub: str) -> byt
     """The tar archive the VM unpacks over / at first boot (see image/rootfs/.../dglkit-seed.service)."""
     files = {
         "etc/hostname": (f"{host}\n", 0o644),
-        "etc/hosts": (f"127.0.0.1 localhost\n{ip} {host}\n", 0o644),
+        "etc/hosts": (f"127.0.0.1 localhost\n127.0.1.1 {host}\n", 0o644),  # as a stock Debian install
         "etc/systemd/network/10-lab.network": (f"[Match]\nName=eth0\n\n[Network]\nAddress={ip}/24\n", 0o644),
         "etc/ssh/ssh_host_ed25519_key": (host_key.read_text(), 0o600),
         "etc/ssh/ssh_host_ed25519_key.pub": (host_key.with_suffix(".pub").read_text(), 0o644),
@@ -163,7 +169,7 @@ def ssh_args(host_ip: str) -> list[str]:
 
 
 def lab() -> dict:
-    """The running lab: {"hosts": {name: {"ip", "pid"}}, "accel"}."""
+    """The running lab: {"hosts": {name: {"ip", "pid"}}, "storage", "accel", "boot_seconds"}."""
     path = STATE / "lab.json"
     if not path.exists():
         raise RuntimeError(f"no VM lab is up ({path} missing): run vmlab.py up first")
@@ -229,8 +235,11 @@ def wait_for_ssh(hosts: dict, timeout: float) -> None:
             if not Path(f"/proc/{vm['pid']}").exists():
                 raise RuntimeError(f"VM {host} (qemu pid {vm['pid']}) exited during boot; "
                                    f"see {STATE / 'vms' / host / 'console.log'}")
-            if subprocess.run(ssh_args(vm["ip"]) + ["true"], capture_output=True).returncode == 0:
-                del waiting[host]
+            try:
+                if subprocess.run(ssh_args(vm["ip"]) + ["true"], capture_output=True, timeout=60).returncode == 0:
+                    del waiting[host]
+            except subprocess.TimeoutExpired:
+                pass  # sshd accepted but the VM is still too busy booting to finish the handshake
         if waiting and time.monotonic() > deadline:
             raise RuntimeError(f"no SSH from {', '.join(waiting)} within {timeout:.0f} s; "
                                f"see the console logs under {STATE / 'vms'}")
@@ -282,8 +291,8 @@ def up(host_names: list[str], timeout: float) -> dict:
     return state
 
 
-def stop_vm(pid: int) -> None:
-    """Power-off from outside: nothing in a VM needs to survive, and a clean shutdown under TCG is slow."""
+def stop_process(pid: int) -> None:
+    """SIGTERM, then SIGKILL after 10 s. For qemu a power-off: nothing in a VM needs to survive."""
     try:
         os.kill(pid, signal.SIGTERM)
     except ProcessLookupError:
@@ -295,18 +304,41 @@ def stop_vm(pid: int) -> None:
         os.kill(pid, signal.SIGKILL)
 
 
+def lab_processes() -> list[int]:
+    """Processes whose command line names the lab's files: qemu, and SSH connections (ours and Ansible's)."""
+    pids = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if str(STATE).encode() in (proc / "cmdline").read_bytes() and int(proc.name) != os.getpid():
+                pids.append(int(proc.name))
+        except OSError:
+            continue
+    return pids
+
+
+def leftovers() -> list[str]:
+    found = [f"process {pid}" for pid in lab_processes()]
+    found += [f"network namespace {NETNS}"] if Path(f"/run/netns/{NETNS}").exists() else []
+    found += [f"link {VETH}"] if Path(f"/sys/class/net/{VETH}").exists() else []
+    found += [f"route {r}" for r in run(["ip", "-4", "route", "show", f"{SUBNET}.0/24"]).stdout.splitlines()]
+    return found + ([str(STATE)] if STATE.exists() else [])
+
+
 def down() -> None:
-    """Stops clients before the storage host (a client whose NFS server is gone hangs), then the network."""
+    """Stops clients before the storage host (a client whose NFS server is gone hangs), then everything else."""
     storage = json.loads((STATE / "lab.json").read_text())["storage"] if (STATE / "lab.json").exists() else ""
-    for sock in (STATE / "ssh").glob("*.sock"):
-        subprocess.run(["ssh", "-o", f"ControlPath={sock}", "-O", "exit", "vm"], capture_output=True)
     for pid_file in sorted((STATE / "vms").glob("*/qemu.pid"), key=lambda p: p.parent.name == storage):
-        stop_vm(int(pid_file.read_text()))
+        stop_process(int(pid_file.read_text()))
+    for pid in lab_processes():
+        stop_process(pid)
     if Path(f"/run/netns/{NETNS}").exists():
         run(["ip", "netns", "delete", NETNS])  # takes the bridge, taps and the veth pair with it
     if Path(f"/sys/class/net/{VETH}").exists():
         run(["ip", "link", "delete", VETH])
     shutil.rmtree(STATE, ignore_errors=True)
+    left = leftovers()
+    if left:
+        raise RuntimeError(f"vmlab down left {', '.join(left)} behind")
 
 
 def main() -> None:
@@ -314,17 +346,21 @@ def main() -> None:
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("image", help="build the cached disk image unless it is current")
     up_parser = sub.add_parser("up", help="boot VMs (the first is the storage host) and wait for SSH")
-    up_parser.add_argument("--hosts", default="storage,w1,w2", help="comma-separated host names")
+    up_parser.add_argument("--hosts", default="node1,node2,node3", help="comma-separated host names")
     up_parser.add_argument("--timeout", type=float, default=420, help="seconds to wait for SSH")
     sub.add_parser("down", help="stop the VMs and remove everything `up` created")
     args = parser.parse_args()
+    if os.geteuid() != 0:
+        sys.exit("vmlab: needs root (network namespaces, taps, /var/lib and /var/cache)")
     try:
         if args.command == "image":
             print(build_image())
         elif args.command == "up":
-            names = [n for n in args.hosts.split(",") if n]
-            if not names or len(set(names)) != len(names):
-                parser.error(f"--hosts needs distinct comma-separated names, got {args.hosts!r}")
+            names = args.hosts.split(",")
+            bad = [n for n in names if not HOST_NAME.fullmatch(n) or n in ("storage", "workers", "cluster")]
+            if bad or len(set(names)) != len(names) or not 1 <= len(names) <= MAX_HOSTS:
+                parser.error(f"--hosts {args.hosts!r}: give 1 to {MAX_HOSTS} distinct names of a-z, 0-9 and '-' "
+                             "(not the group names storage, workers, cluster), comma-separated")
             print(json.dumps(up(names, args.timeout)))
         else:
             down()
