@@ -10,6 +10,8 @@ Each VM runs on its own qcow2 overlay of that image and gets its identity (host 
 the controller's key) from a small seed disk read once at first boot. The VMs sit on a bridge in the network
 namespace `dglkit-vm`, which has no uplink; the controller reaches them through a veth whose only route is
 the VM subnet. The staged apt repository is shared read-only over virtio-9p at /opt/dglkit-offline/apt.
+VMs run under KVM when a probe boot shows that it works, else under TCG emulation; DGLKIT_VM_ACCEL=tcg|kvm
+skips the probe (15 s where /dev/kvm hangs a kernel).
 """
 from __future__ import annotations
 
