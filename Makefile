@@ -26,6 +26,7 @@ $(VENV)/.complete: app/requirements/node.txt app/requirements/ogb.txt requiremen
 
 setup:  ## wheelhouse, test-host root, local apt repository, then the controller venv
 	$(PYTHON) $(CLUSTER) stage
+	$(PYTHON) tests/vm/vmlab.py image
 	$(MAKE) --no-print-directory $(VENV)/.complete
 
 test: setup  ## the whole suite: unit, kit, multi-host end-to-end, VM tier
