@@ -13,7 +13,7 @@ import psutil
 import pytest
 import torch
 
-from conftest import ENDLESS_TRAIN_ARGS, TRAIN_ARGS, assert_job_gone, free_ports, start_launch, start_local_job
+from localjob import ENDLESS_TRAIN_ARGS, TRAIN_ARGS, assert_job_gone, free_ports, start_launch, start_local_job
 from dglkit.train import DistSAGE, to_original_order
 
 NUM_CLASSES = 5

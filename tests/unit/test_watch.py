@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from conftest import ENDLESS_TRAIN_ARGS, assert_job_gone, start_local_job
+from localjob import ENDLESS_TRAIN_ARGS, assert_job_gone, start_local_job
 
 
 def test_finished_job_is_succeeded_with_its_last_epoch(cli, finished_local_job):

@@ -1,0 +1,80 @@
+"""Helpers for the launcher's tests: free ports, background `dglkit launch` jobs, and the check that a job
+left nothing behind. A module of its own (not conftest.py): `from conftest import` finds whichever test
+directory's conftest pytest loaded last."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+APP = Path(__file__).resolve().parents[2] / "app"
+
+
+def free_ports(count: int) -> int:
+    """First of `count` consecutive free TCP ports on 127.0.0.1, below the ephemeral range DGL clients use."""
+    import random
+    import socket
+
+    for _ in range(200):
+        base = random.randrange(20000, 32000 - count)
+        try:
+            for port in range(base, base + count):
+                with socket.socket() as probe:
+                    probe.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return base
+    raise RuntimeError("no free port range found")
+
+
+def start_launch(job_dir: Path, *args: object) -> subprocess.Popen:
+    """`dglkit launch --job-dir JOB_DIR ARGS` in the background, output in JOB_DIR/launch.out."""
+    job_dir.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "PYTHONPATH": str(APP)}
+    with open(job_dir / "launch.out", "w") as out:
+        return subprocess.Popen([sys.executable, "-m", "dglkit", "launch", "--job-dir", job_dir, *map(str, args)],
+                                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+
+
+# Small and fast, yet GraphSAGE clearly beats chance (1/5) on the synthetic graph.
+TRAIN_ARGS = ["--num-epochs", "6", "--batch-size", "200", "--lr", "0.01", "--num-hidden", "16", "--log-every", "5"]
+# A job that runs until a test stops it.
+ENDLESS_TRAIN_ARGS = ["--num-epochs", "500", "--batch-size", "100", "--log-every", "5"]
+
+
+def start_local_job(job_dir: Path, part_config: Path, node: str, *args: object,
+                    train_args: list[str] = TRAIN_ARGS) -> tuple[subprocess.Popen, list[int]]:
+    """A --local job with 2 servers and 2 trainers on free ports: (launcher, [server ports, master port])."""
+    base = free_ports(3)
+    launch = start_launch(job_dir, "--local", "--part-config", part_config, "--node-name", node,
+                          "--num-servers", 2, "--num-trainers", 2, "--server-port", base, "--master-port", base + 2,
+                          *args, "--", *train_args)
+    return launch, [base, base + 1, base + 2]
+
+
+def assert_job_gone(job_dir: Path, ports: list[int], shm_before: set[str]) -> None:
+    """No process (servers, trainers, samplers: they carry DGL_IP_CONFIG), listening port or /dev/shm file
+    of the job is left."""
+    import psutil
+
+    left = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get("DGL_IP_CONFIG", "").startswith(str(job_dir)) and proc.status() != "zombie":
+                left.append((proc.pid, proc.cmdline()))
+        except psutil.Error:
+            pass
+    assert not left, f"processes of the job still running: {left}"
+    listening = [c.laddr for c in psutil.net_connections(kind="tcp")
+                 if c.status == psutil.CONN_LISTEN and c.laddr.port in ports]
+    assert not listening, f"job ports still listening: {listening}"
+    # Another test session's live DGL server may own new files; files nobody holds are the job's leftovers.
+    held = set()
+    for proc in psutil.process_iter():
+        try:
+            held.update(Path(m.path).name for m in proc.memory_maps() if m.path.startswith("/dev/shm/"))
+            held.update(Path(f.path).name for f in proc.open_files() if f.path.startswith("/dev/shm/"))
+        except psutil.Error:
+            pass
+    leftovers = set(os.listdir("/dev/shm")) - shm_before - held
+    assert not leftovers, f"/dev/shm files left behind: {sorted(leftovers)}"
