@@ -50,3 +50,23 @@ def write_json(path: Path, value: dict[str, Any]) -> None:
         json.dump(value, f, indent=2, sort_keys=True)
         f.write("\n")
     os.replace(tmp, path)
+
+
+def read_partition_config(path: Path) -> dict[str, Any]:
+    """The <graph>.json that `dglkit partition` wrote, with the fields the launcher and trainer rely on."""
+    if not path.is_file():
+        raise UserError(f"partition config {path} not found: pass the <graph>.json written by `dglkit partition`")
+    try:
+        config = json.loads(path.read_text())
+        config["num_parts"] = int(config["num_parts"])
+        config["graph_name"]
+    except (ValueError, KeyError, TypeError) as error:
+        raise UserError(f"{path} is not a DGL partition config ({error!r}): re-run `dglkit partition`")
+    return config
+
+
+def check_machine_count(part_config: Path, num_parts: int, ip_config: Path, num_machines: int) -> None:
+    """DGL needs one partition per ip_config line; with fewer or more, servers and trainers wait forever."""
+    if num_parts != num_machines:
+        raise UserError(f"{part_config} has {num_parts} partitions but {ip_config} lists {num_machines} "
+                        "machines: partition the graph for as many machines as ip_config has lines")

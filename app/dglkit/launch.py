@@ -21,7 +21,8 @@ from pathlib import Path
 
 import psutil
 
-from dglkit.common import UserError, emit_result, read_json, write_json
+from dglkit.common import (UserError, check_machine_count, emit_result, read_json, read_partition_config,
+                           write_json)
 
 # Settings and their defaults; job.json uses the same keys, flags override it.
 DEFAULTS = {
@@ -156,15 +157,7 @@ def preflight(cfg: argparse.Namespace) -> dict:
             raise UserError(f"ip_config {ip_config} not found")
         machines = read_ip_config(ip_config)
     part_config = Path(cfg.part_config).resolve()
-    if not part_config.is_file():
-        raise UserError(f"partition config {part_config} not found: pass the <graph>.json of `dglkit partition`")
-    try:
-        num_parts = int(json.loads(part_config.read_text())["num_parts"])
-    except (ValueError, KeyError, TypeError) as error:
-        raise UserError(f"{part_config} is not a DGL partition config ({error!r}): re-run `dglkit partition`")
-    if num_parts != len(machines):
-        raise UserError(f"{part_config} has {num_parts} partitions but {ip_config} lists {len(machines)} "
-                        "machines: partition the graph for as many machines as ip_config has lines")
+    check_machine_count(part_config, read_partition_config(part_config)["num_parts"], ip_config, len(machines))
 
     interfaces = local_interfaces()
     if cfg.machine_id is not None:

@@ -19,7 +19,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
-from dglkit.common import UserError
+from dglkit.common import UserError, check_machine_count, read_partition_config
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -44,19 +44,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def check_inputs(args: argparse.Namespace) -> dict:
     """Validate files and options before DGL starts anything; return the partition config."""
     part_config = Path(args.part_config)
-    if not part_config.is_file():
-        raise UserError(f"partition config {part_config} not found: pass the <graph>.json written by `dglkit partition`")
-    try:
-        config = json.loads(part_config.read_text())
-        graph_name, num_parts = config["graph_name"], int(config["num_parts"])
-    except (ValueError, KeyError) as error:
-        raise UserError(f"{part_config} is not a DGL partition config ({error!r}): re-run `dglkit partition`")
+    config = read_partition_config(part_config)
     if not Path(args.ip_config).is_file():
         raise UserError(f"ip_config {args.ip_config} not found")
     machines = [line for line in Path(args.ip_config).read_text().splitlines() if line.strip()]
-    if len(machines) != num_parts:
-        raise UserError(f"{part_config} has {num_parts} partitions but {args.ip_config} lists {len(machines)} "
-                        "machines: partition the graph for as many machines as ip_config has lines")
+    check_machine_count(part_config, config["num_parts"], args.ip_config, len(machines))
     if args.graphbolt and "part_graph_graphbolt" not in config.get("part-0", {}):
         raise UserError(f"{part_config} has no GraphBolt graph: run `dglkit partition --graphbolt` or drop --graphbolt")
     if (args.save_embeddings or args.save_predictions) and not (part_config.parent / "orig_nids.npy").is_file():
@@ -67,7 +59,7 @@ def check_inputs(args: argparse.Namespace) -> dict:
         raise UserError(f"--fan-out {args.fan_out!r} needs {args.num_layers} comma-separated integers (one per layer)")
     if args.device == "cuda" and not torch.cuda.is_available():
         raise UserError("--device cuda but torch sees no GPU: use --device cpu")
-    return {"graph_name": graph_name, "num_parts": num_parts}
+    return config
 
 
 class DistSAGE(nn.Module):
@@ -135,7 +127,7 @@ def redirect_trainer_output() -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    check_inputs(args)
+    config = check_inputs(args)
     redirect_trainer_output()
     # Servers serve inside initialize() and exit there; only trainers return.
     dgl.distributed.initialize(args.ip_config, use_graphbolt=args.graphbolt)
@@ -143,14 +135,13 @@ def run(args: argparse.Namespace) -> int:
     torch.distributed.init_process_group(backend)
     # No destroy_process_group(): gloo's teardown can block one rank forever while its peer already waits in
     # DGL's exit barrier (seen with torch 2.2.1); process exit releases the group.
-    train(args)
+    train(args, config)
     return 0
 
 
-def train(args: argparse.Namespace) -> None:
+def train(args: argparse.Namespace, config: dict) -> None:
     rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
     device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if args.device == "cuda" else "cpu")
-    config = json.loads(Path(args.part_config).read_text())
     g = dgl.distributed.DistGraph(config["graph_name"], part_config=args.part_config)
     book = g.get_partition_book()
     train_nids = dgl.distributed.node_split(g.ndata["train_mask"], book, force_even=True)
