@@ -9,6 +9,7 @@ Appends to bench/results/bringup.jsonl.
 import argparse
 import os
 import re
+import resource
 import subprocess
 import time
 from pathlib import Path
@@ -91,9 +92,15 @@ def site(name: str, env: dict, log: Path) -> dict:
     cmd = [str(benchlib.REPO / ".venv/bin/ansible-playbook"), "-i",
            str(clusterlib.STATE / name / "inventory"), "site.yml"]
     load_before = os.getloadavg()[0]
+    busy_before, children_before = machine_busy_s(), resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     proc = subprocess.run(cmd, cwd=benchlib.REPO, env=env, capture_output=True, text=True)
     wall = round(time.perf_counter() - start, 2)
+    # The hosts share this machine's cores with the controller: its CPU time (ansible-playbook, its forks and
+    # SSH clients) against everything the cores did meanwhile, which is mostly the hosts running modules.
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    controller_cpu = (children.ru_utime - children_before.ru_utime) + (children.ru_stime - children_before.ru_stime)
+    machine_cpu = machine_busy_s() - busy_before
     log.write_text(proc.stdout + proc.stderr)
     recap = [dict(pair.split("=") for pair in counts.split())
              for _, counts in RECAP_RE.findall(proc.stdout.rpartition("PLAY RECAP")[2])]
@@ -101,7 +108,14 @@ def site(name: str, env: dict, log: Path) -> dict:
     return {"wall_s": wall, "returncode": proc.returncode, "log": str(log),
             "changed": sum(int(r["changed"]) for r in recap), "failed": sum(int(r["failed"]) for r in recap),
             "slowest_tasks": [[task, t] for t, task in slowest],
+            "controller_cpu_s": round(controller_cpu, 1), "machine_cpu_s": round(machine_cpu, 1),
             "load_before": round(load_before, 2), "load_after": round(os.getloadavg()[0], 2)}
+
+
+def machine_busy_s() -> float:
+    """CPU seconds all cores of this machine have spent busy since boot (/proc/stat, without idle and iowait)."""
+    user, nice, system, _idle, _iowait, irq, softirq, steal = map(int, open("/proc/stat").readline().split()[1:9])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
 def print_table(rows: list[dict]) -> None:
@@ -120,8 +134,12 @@ def print_table(rows: list[dict]) -> None:
         out.append([hosts if cluster == f"bringup{hosts}" else f"{hosts} ({cluster})", p["stage"], p["variant"],
                     benchlib.spread([x["wall_s"] for x in f if x["returncode"] == 0]),
                     "/".join(str(x["changed"]) for x in f), sum(x["returncode"] != 0 for x in f),
+                    benchlib.spread([x["controller_cpu_s"] for x in f if "controller_cpu_s" in x]),
+                    benchlib.spread([round(x["machine_cpu_s"] - x["controller_cpu_s"], 1)
+                                     for x in f if "controller_cpu_s" in x]),
                     f"{min(loads):g}-{max(loads):g}"])
-    print(benchlib.table(["hosts", "site.yml", "settings", "wall s", "changed tasks", "failed runs", "load 1m"], out))
+    print(benchlib.table(["hosts", "site.yml", "settings", "wall s", "changed tasks", "failed runs",
+                          "controller CPU s", "hosts CPU s", "load 1m"], out))
     print()
     for line in rows:
         if line["params"]["stage"] == "first run":

@@ -60,6 +60,34 @@ def test_second_run_and_check_mode_change_nothing(runs: dict[str, PlaybookRun]) 
         assert runs[name].changed_hosts() == [], (name, runs[name].recap)
 
 
+def task_statuses(output: str, task: str) -> dict[str, str]:
+    """First status line per host of one task in ansible-playbook's output: {"node1": "ok", "node2": "skipping"}."""
+    _, _, section = output.partition(f"TASK [{task}] ")
+    section = re.split(r"\n(?:TASK|PLAY|RUNNING HANDLER) \[", section)[0]
+    statuses: dict[str, str] = {}
+    for status, host in re.findall(r"(?m)^(ok|changed|skipping|failed|fatal): \[([^\]]+)\]", section):
+        statuses.setdefault(host, status)
+    return statuses
+
+
+def test_a_re_run_skips_the_slow_steps_and_redoes_those_whose_records_went_stale(
+        cluster: Cluster, runs: dict[str, PlaybookRun]) -> None:
+    slow = ["dgl_app : Copy the app files", "python_env : Install the pinned node packages",
+            "python_env : Import dgl and torch"]
+    for task in slow:
+        assert set(task_statuses(runs["second"].output, task).values()) == {"skipping"}, task
+    cluster.ssh("node1", f"echo stale > {WORKSPACE}/app/.fingerprint && rm {WORKSPACE}/app/dglkit/watch.py"
+                         f" && echo stale > {WORKSPACE}/venv/dglkit-requirements/installed.txt")
+    cluster.ssh("node2", "rm /var/lib/dglkit/python_env.verified")
+    run = cluster.playbook("site.yml")
+    assert task_statuses(run.output, slow[0])["node1"] == "changed"
+    # pip finds every pinned package installed: it runs, changes nothing, and the record is rewritten.
+    assert task_statuses(run.output, slow[1]) == {"node1": "ok"}
+    assert task_statuses(run.output, slow[2]) == {"node1": "skipping", "node2": "ok", "node3": "skipping"}
+    assert (cluster.workspace / "app/dglkit/watch.py").read_text() == (REPO / "app/dglkit/watch.py").read_text()
+    assert cluster.playbook("site.yml").changed_hosts() == []
+
+
 def test_nodes_ssh_to_each_other_with_strict_host_key_checking(cluster: Cluster,
                                                                runs: dict[str, PlaybookRun]) -> None:
     targets = [name for host in cluster.hosts().items() for name in host]
