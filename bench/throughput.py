@@ -101,20 +101,20 @@ def print_table(rows: list[dict]) -> None:
     groups: dict[str, list[dict]] = {}
     for row in rows:
         p = row["params"]
-        key = json.dumps([p["launcher"], p["graphbolt"], p["settings"]])
+        key = json.dumps([p["launcher"], p["graphbolt"], p["settings"], p["epochs"]])
         groups.setdefault(key, []).append(row)
     out = []
     for key, lines in groups.items():
-        launcher, graphbolt, settings = json.loads(key)
+        launcher, graphbolt, settings, epochs = json.loads(key)
         f = [line["figures"] for line in lines]
         ok = [x for x in f if x["ok"]]
         extra = ", ".join(f"{k}={v}" for k, v in settings.items() if k != "num_samplers") or "defaults"
         loads = [x["load_before"] for x in f] + [x["load_after"] for x in f]
         out.append([launcher if launcher == "plain" else f"kit ({extra})", "on" if graphbolt else "off",
-                    settings["num_samplers"], benchlib.spread([x["steady_seeds_per_s"] for x in ok]),
+                    settings["num_samplers"], epochs, benchlib.spread([x["steady_seeds_per_s"] for x in ok]),
                     benchlib.spread([x["steady_epoch_time_s"] for x in ok]), benchlib.spread([x["job_wall_s"] for x in ok]),
                     benchlib.spread([x["test_acc"] for x in ok]), f"{len(ok)}/{len(f)}", f"{min(loads):g}-{max(loads):g}"])
-    print(benchlib.table(["launcher", "GraphBolt", "samplers/trainer", "seeds/s", "epoch s", "job wall s",
+    print(benchlib.table(["launcher", "GraphBolt", "samplers/trainer", "epochs", "seeds/s", "epoch s", "job wall s",
                           "test acc", "ok runs", "load 1m"], out))
 
 
