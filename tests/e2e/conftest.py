@@ -22,6 +22,8 @@ REPO = Path(__file__).resolve().parents[2]
 TESTCLUSTER = REPO / "tests" / "cluster" / "testcluster.py"
 STATE = Path("/var/lib/dglkit-testcluster")
 KEEP = os.environ.get("DGLKIT_KEEP_CLUSTERS") == "1"
+# Prepended to every cluster name, so that two checkouts can run the e2e tier at once on one machine.
+PREFIX = os.environ.get("DGLKIT_CLUSTER_PREFIX", "")
 # The controller tools of the environment pytest runs in (.venv/bin).
 BIN = Path(sys.executable).parent
 RECAP_RE = re.compile(r"^(\S+)\s+:\s+((?:\w+=\d+\s*)+)$", re.M)
@@ -143,7 +145,7 @@ def cluster_factory() -> Iterator[Callable[..., Cluster]]:
     made: list[Cluster] = []
 
     def make(name: str, hosts: int, storage_is_worker: bool = False) -> Cluster:
-        cluster = Cluster(name)
+        cluster = Cluster((PREFIX + name)[:24].rstrip("-"))
         cluster.up(hosts, storage_is_worker)
         made.append(cluster)
         return cluster
