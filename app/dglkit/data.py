@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from dglkit.common import UserError, digest, emit_result, peak_rss_mb, read_json, write_json
+from dglkit.resources import MEMORY_HELP, check_fits, memory_estimate
 
 # Bump when the same inputs would give a different graph, so that old outputs are rebuilt.
 FORMAT = 2
@@ -59,6 +60,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             "(E x 2 or 2 x E), feat (N x F), labels (N), optional train_mask/val_mask/test_mask")
     parser.add_argument("--add-reverse-edges", action="store_true",
                         help="files and ogbn-*: make the graph symmetric (the synthetic graph always is)")
+    parser.add_argument("--memory-gb", type=float, help=MEMORY_HELP)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -74,6 +76,11 @@ def run(args: argparse.Namespace) -> int:
         emit_result({"changed": False, "out": str(out), **summary(old)})
         return 0
 
+    estimate = prepare_estimate(source, params, inputs)
+    if estimate:
+        check_fits(*estimate, out,
+                   args.memory_gb, ways_out="prepare on a storage host with more memory (the inventory's storage "
+                   "group), or prepare the dataset elsewhere and give it as --dataset files")
     start = time.perf_counter()
     if source == "synthetic":
         arrays = synthetic(np.random.default_rng(args.seed), **params["graph"])
@@ -104,6 +111,23 @@ def run(args: argparse.Namespace) -> int:
     write_json(meta_path, meta)
     emit_result({"changed": True, "out": str(out), **summary(meta)})
     return 0
+
+
+def prepare_estimate(source: str, params: dict[str, Any], inputs: dict[str, Any]) -> tuple[str, int, int] | None:
+    """(what, peak memory bytes, graph file bytes) before anything is read, or None for OGB datasets (their
+    sizes are known only once ogb has read them)."""
+    if source == "synthetic":
+        graph = params["graph"]
+        nodes, edges, feat_dim = graph["num_nodes"], round(graph["num_nodes"] * graph["avg_degree"]), graph["feat_dim"]
+        file_bytes = 16 * edges + nodes * (4 * feat_dim + 11)
+        return (f"preparing {nodes} nodes and about {edges} edges", memory_estimate("prepare", nodes, edges, feat_dim),
+                file_bytes)
+    if source == "files":
+        file_bytes = sum(size for size, _ in inputs["files"].values())
+        # Read once, converted to int64/float32 and built into a graph: about three copies at the peak.
+        return (f"preparing {file_bytes / 2**30:.1f} GB of input files",
+                int(memory_estimate("prepare", 0, 0, 0) + 3 * file_bytes), 2 * file_bytes)
+    return None
 
 
 def summary(meta: dict[str, Any]) -> dict[str, Any]:
