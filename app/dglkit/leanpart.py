@@ -8,7 +8,7 @@ every part with its halo in memory at once (about 215 bytes per edge). Here:
    nodes and in-degrees balanced) and saves the assignment; its memory is returned when it exits;
 2. this process reads the graph once and writes one part at a time: the part's owned nodes renumbered to a
    contiguous range, the in-edges of owned nodes (renumbered to a contiguous range too) and, as
-   partition_graph does for one hop, every other edge between the part's nodes, marked not inner.
+   partition_graph does for one hop, the owned nodes' edges into halo nodes, marked not inner.
 The files are the ones partition_graph writes (graph.dgl with _ID/inner_node/part_id and _ID/inner_edge,
 node_feat.dgl, edge_feat.dgl, <graph>.json); DistGraph and dgl_partition_to_graphbolt read them unchanged.
 """
@@ -153,8 +153,8 @@ def build(graph_file: Path, assignment: np.ndarray, out: Path, graph_name: str,
             member[owned] = True
             member[src[inner_eids]] = True  # one hop: the sources of the owned nodes' in-edges
             halo = np.sort(new_nids[np.flatnonzero(member & (part != p))])
-            # partition_graph keeps the subgraph the part's nodes induce: also edges into halo nodes.
-            outer_eids = np.flatnonzero((dst_part != p) & member[dst] & member[src])
+            # As partition_graph does, keep the owned nodes' edges into halo nodes too, marked not inner.
+            outer_eids = np.flatnonzero((dst_part != p) & member[dst] & (part[src] == p))
             write_part(out / f"part{p}", p, owned, halo, inner_eids, outer_eids, src, dst, dst_part,
                        orig_nids, part, int(node_starts[p]), edge_starts, ndata)
             parts.append({"part": p, "nodes": int(node_counts[p]), "edges": int(edge_counts[p]),

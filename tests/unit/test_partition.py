@@ -79,13 +79,14 @@ def owned_and_halo(part_config: Path, graph) -> list[dict]:
         owned = orig_nids[nid[inner]]
         in_edges = np.flatnonzero(np.isin(dst, owned))
         np.testing.assert_array_equal(np.sort(orig_eids[eid[inner_edge]]), in_edges)
-        # Halo: the other ends of those edges; kept edges: all edges between the part's nodes.
+        # Halo: the other ends of those edges; kept besides: the owned nodes' edges into halo nodes.
         halo = orig_nids[nid[~inner]]
         np.testing.assert_array_equal(np.sort(halo), np.setdiff1d(src[in_edges], owned))
-        members = np.concatenate([owned, halo])
-        induced = np.flatnonzero(np.isin(src, members) & np.isin(dst, members))
-        np.testing.assert_array_equal(np.sort(orig_eids[eid]), induced)
-        parts.append({"owned": set(owned.tolist()), "halo": set(halo.tolist()), "edges": len(induced)})
+        kept = np.flatnonzero(np.isin(dst, owned) | (np.isin(src, owned) & np.isin(dst, halo)))
+        np.testing.assert_array_equal(np.sort(orig_eids[eid]), kept)
+        np.testing.assert_array_equal(orig_nids[nid[local_src]], src[orig_eids[eid]])
+        np.testing.assert_array_equal(orig_nids[nid[local_dst]], dst[orig_eids[eid]])
+        parts.append({"owned": set(owned.tolist()), "halo": set(halo.tolist())})
     return parts
 
 
