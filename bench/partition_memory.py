@@ -9,25 +9,14 @@ Appends to bench/results/partition_memory.jsonl.
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import threading
 import time
 from pathlib import Path
 
-import psutil
-
 import benchlib
-
-
-def tree_rss(proc: psutil.Process) -> int:
-    total = 0
-    for p in [proc, *proc.children(recursive=True)]:
-        try:
-            total += p.memory_info().rss
-        except psutil.Error:
-            pass
-    return total
 
 
 def main() -> None:
@@ -44,13 +33,12 @@ def main() -> None:
            "--memory-limit-gb", "0"]
     start = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**benchlib.os.environ, "PYTHONPATH": str(benchlib.REPO / "app")})
+                            env={**os.environ, "PYTHONPATH": str(benchlib.REPO / "app")})
     samples: list[tuple[float, int]] = []
-    ps = psutil.Process(proc.pid)
 
     def sample() -> None:
         while proc.poll() is None:
-            samples.append((time.monotonic() - start, tree_rss(ps)))
+            samples.append((time.monotonic() - start, benchlib.tree_rss(proc.pid)))
             time.sleep(0.02)
 
     sampler = threading.Thread(target=sample)
