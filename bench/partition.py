@@ -84,7 +84,8 @@ def main() -> None:
 
 def record(rows: list, size: str, stage: str, num_parts: int | None, graphbolt: bool | None, run: int,
            m: dict, cmd: list[str], manifest: dict | None = None, builder: str | None = None) -> None:
-    figures = {"wall_s": m["wall_s"], "peak_rss_mb": m["peak_rss_mb"], "tree_peak_rss_mb": m["tree_peak_rss_mb"],
+    figures = {"wall_s": m["wall_s"], "cpu_s": m["cpu_s"], "peak_rss_mb": m["peak_rss_mb"],
+               "tree_peak_rss_mb": m["tree_peak_rss_mb"],
                "returncode": m["returncode"], "over_limit": m["over_limit"],
                "load_before": m["load_before"], "load_after": m["load_after"]}
     if m["returncode"]:
@@ -118,19 +119,20 @@ def print_table(rows: list[dict]) -> None:
         ok = [x for x in f if x["returncode"] == 0]
         edges = next((x.get("num_edges") for x in ok if x.get("num_edges")), "-")
         if stage == "prepare":
-            out.append([size, edges, "prepare", "-", "-", "-", benchlib.spread([x["wall_s"] for x in ok]), "-", "-",
+            out.append([size, edges, "prepare", "-", "-", "-", benchlib.spread([x["wall_s"] for x in ok]),
+                        benchlib.spread([x.get("cpu_s") for x in ok]), "-", "-",
                         "-", benchlib.spread([x["peak_rss_mb"] for x in ok]), "-", "-", busy(f)])
             continue
         t = [x.get("timings", {}) for x in ok]
         out.append([size, edges, "partition", builder, num_parts, "on" if gb else "off",
-                    benchlib.spread([x["wall_s"] for x in ok]),
+                    benchlib.spread([x["wall_s"] for x in ok]), benchlib.spread([x.get("cpu_s") for x in ok]),
                     benchlib.spread([x.get("partition_s", x.get("assign_s")) for x in t]),
                     benchlib.spread([x.get("build_s") for x in t]),
                     benchlib.spread([x.get("graphbolt_s") for x in t]) if gb else "-",
                     benchlib.spread([x["peak_rss_mb"] for x in ok]),
                     benchlib.spread([x["tree_peak_rss_mb"] for x in ok]),
                     benchlib.spread([x["edge_cut"] for x in ok]), busy(f)])
-    print(benchlib.table(["graph", "edges", "stage", "builder", "parts", "GraphBolt", "wall s",
+    print(benchlib.table(["graph", "edges", "stage", "builder", "parts", "GraphBolt", "wall s", "CPU s",
                           "partition_graph / METIS s", "build s", "GraphBolt conversion s", "peak RSS MB",
                           "tree peak MB", "edge cut", "load 1m"], out))
 

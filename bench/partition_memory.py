@@ -30,7 +30,7 @@ def main() -> None:
     shutil.rmtree(args.out, ignore_errors=True)
     cmd = [benchlib.PYTHON, "-u", "-m", "dglkit", "partition", "--dataset-dir", str(args.dataset_dir),
            "--out", str(args.out), "--num-parts", str(args.num_parts), "--builder", args.builder,
-           "--memory-limit-gb", "0"]
+           "--memory-gb", "0"]
     start = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "PYTHONPATH": str(benchlib.REPO / "app")})
@@ -43,20 +43,22 @@ def main() -> None:
 
     sampler = threading.Thread(target=sample)
     sampler.start()
-    marks = [(0.0, "start (python, dgl and torch imports)")]
+    marks = [(0.0, "start")]
     for line in proc.stdout:
         marks.append((time.monotonic() - start, line.strip()[:110]))
     proc.wait()
     sampler.join()
     marks.append((time.monotonic() - start, "exit"))
+    # DGL's and the kit's lines report a stage's end ("... takes 3.1 s"): a stage is named by the line ending it.
     stages = []
-    for (begin, name), (end, _) in zip(marks, marks[1:]):
-        inside = [rss for t, rss in samples if begin <= t <= end] or [0]
-        stages.append({"until": name, "t_s": round(end, 2), "peak_mb": round(max(inside) / 2**20),
-                       "peak_bytes_per_edge": round(max(inside) / num_edges, 1)})
+    for (begin, _), (end, name) in zip(marks, marks[1:]):
+        inside = [rss for t, rss in samples if begin <= t <= end]
+        if inside:
+            stages.append({"ends_with": name, "t_s": round(end, 2), "peak_mb": round(max(inside) / 2**20),
+                           "peak_bytes_per_edge": round(max(inside) / num_edges, 1)})
     for stage in stages:
         print(f"{stage['t_s']:8.2f} s  peak {stage['peak_mb']:6d} MB  {stage['peak_bytes_per_edge']:6.1f} B/edge"
-              f"  <- {stage['until']}")
+              f"  until: {stage['ends_with']}")
     benchlib.append("partition_memory", {
         "params": {"dataset": str(args.dataset_dir), "num_edges": num_edges, "num_parts": args.num_parts,
                    "builder": args.builder},

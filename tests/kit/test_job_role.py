@@ -69,6 +69,12 @@ def test_dataset_settings_change_dataset_partition_and_job(records: dict) -> Non
     assert bigger["job"] != defaults["job"]
 
 
+def test_the_partition_builder_gives_its_own_partition_and_job(records: dict) -> None:
+    defaults, builder = records["defaults"], records["builder"]
+    assert builder["dataset"] == defaults["dataset"]
+    assert builder["partition"] == defaults["partition"] + "-dgl" and builder["job"] != defaults["job"]
+
+
 def test_an_added_worker_gives_a_new_partition_and_job(records: dict) -> None:
     defaults, resized = ids(records, "defaults"), ids(records, "resized")
     assert resized["dataset"] == defaults["dataset"]
@@ -116,6 +122,7 @@ def test_job_json_of_a_resized_cluster_uses_the_new_partition(records: dict) -> 
     ("graphbolt-word", "'maybe' is not a valid boolean"),
     ("fan-out-word", "option 'dgl_job_fan_out'"),
     ("dataset", "dgl_job_dataset=products: use synthetic, files or an ogbn-* name"),
+    ("builder", "dgl_job_partition_builder must be one of: lean, dgl, got: metis"),
     ("fan-out-layers", "dgl_job_fan_out=5,10,15 needs 2 values, one per layer"),
     ("dropout", "dgl_job_dropout=1.5: use a value in [0, 1)"),
     ("trainers", "dgl_job_trainers must be >= 1"),

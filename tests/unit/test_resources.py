@@ -1,6 +1,5 @@
 """Memory estimates: `prepare` and `partition` refuse, before writing anything, a run the host cannot hold."""
 
-import json
 import os
 import subprocess
 import sys
@@ -66,10 +65,3 @@ def test_partition_refuses_under_a_real_cgroup_memory_limit(memory_cgroup, synth
                           env={**os.environ, "PYTHONPATH": str(APP)}, timeout=120)
     assert proc.returncode == 2, proc.stderr
     assert "memory cgroup limit 0.4 GB" in proc.stderr and not out.exists()
-    # The same command without the cap partitions.
-    proc = subprocess.run([sys.executable, "-m", "dglkit", "partition", "--dataset-dir", synthetic_dataset,
-                           "--out", out, "--num-parts", "2"], capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(APP)}, timeout=600)
-    assert proc.returncode == 0, proc.stderr
-    manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["estimated_memory_gb"] >= manifest["peak_rss_mb"] / 1024
