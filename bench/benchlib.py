@@ -20,6 +20,8 @@ import psutil
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
 PYTHON = str(REPO / ".venv" / "bin" / "python")
+# The checkout's own app, not whichever checkout the shared venv's editable install points at.
+APP_ENV = {**os.environ, "PYTHONPATH": str(REPO / "app")}
 
 
 def exit_on_sigterm() -> None:
@@ -106,7 +108,7 @@ def measure(cmd: list[str], env: dict[str, str] | None = None, limit_mb: float |
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         start = time.perf_counter()
         load_before = os.getloadavg()[0]
-        proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env, start_new_session=True)
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env or APP_ENV, start_new_session=True)
         tree_peak, over_limit = 0, False
         try:
             while True:

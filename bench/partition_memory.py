@@ -9,7 +9,6 @@ Appends to bench/results/partition_memory.jsonl.
 
 import argparse
 import json
-import os
 import shutil
 import subprocess
 import threading
@@ -33,7 +32,7 @@ def main() -> None:
            "--memory-gb", "0"]
     start = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "PYTHONPATH": str(benchlib.REPO / "app")})
+                            env=benchlib.APP_ENV)
     samples: list[tuple[float, int]] = []
 
     def sample() -> None:

@@ -196,13 +196,13 @@ def write_part(part_dir: Path, p: int, owned: np.ndarray, halo: np.ndarray, inne
     graph = dgl.graph((torch.from_numpy(local[src[eids]]), torch.from_numpy(local[dst[eids]])),
                       num_nodes=len(owned) + len(halo), idtype=torch.int64)
     del eids, local
-    first_node, first_edge = node_start, edge_starts[p]
-    graph.ndata[dgl.NID] = torch.from_numpy(np.concatenate([np.arange(first_node, first_node + len(owned)), halo]))
+    graph.ndata[dgl.NID] = torch.from_numpy(np.concatenate([np.arange(node_start, node_start + len(owned)), halo]))
     graph.ndata["inner_node"] = torch.from_numpy(
         np.concatenate([np.ones(len(owned), np.uint8), np.zeros(len(halo), np.uint8)]))
     graph.ndata["part_id"] = torch.from_numpy(
         np.concatenate([np.full(len(owned), p, np.int64), part[halo_orig].astype(np.int64)]))
-    graph.edata[dgl.EID] = torch.from_numpy(np.concatenate([np.arange(first_edge, first_edge + len(inner_eids)), outer_new]))
+    inner_new = np.arange(edge_starts[p], edge_starts[p] + len(inner_eids))
+    graph.edata[dgl.EID] = torch.from_numpy(np.concatenate([inner_new, outer_new]))
     graph.edata["inner_edge"] = torch.from_numpy(
         np.concatenate([np.ones(len(inner_eids), np.uint8), np.zeros(len(outer_eids), np.uint8)]))
     dgl.save_graphs(str(part_dir / "graph.dgl"), [graph])

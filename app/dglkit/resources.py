@@ -51,7 +51,8 @@ def cgroup_memory() -> list[tuple[int, int]]:
             if not (root / "cgroup.controllers").is_file():
                 root = Path("/sys/fs/cgroup/unified")
         elif "memory" in controllers.split(","):
-            root, limit_file, usage_file = Path("/sys/fs/cgroup/memory"), "memory.limit_in_bytes", "memory.usage_in_bytes"
+            root = Path("/sys/fs/cgroup/memory")
+            limit_file, usage_file = "memory.limit_in_bytes", "memory.usage_in_bytes"
         else:
             continue
         directory = root / path.lstrip("/")

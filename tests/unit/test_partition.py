@@ -95,16 +95,16 @@ def test_lean_and_dgl_builders_keep_the_same_invariants(make_partition, syntheti
     (graph,), _ = dgl.load_graphs(str(synthetic_dataset / "graph.dgl"))
     lean, standard = make_partition(2, builder="lean"), make_partition(2, builder="dgl")
     lean_parts, standard_parts = owned_and_halo(lean, graph), owned_and_halo(standard, graph)
+    # METIS sees the same graph with its adjacency in another order: other parts, but as good ones, so the
+    # halos (what trainers fetch from other machines) are as large.
+    halos = [sum(len(part["halo"]) for part in parts) for parts in (lean_parts, standard_parts)]
+    assert abs(halos[0] - halos[1]) <= 0.15 * halos[1], halos
     manifests = [json.loads((config.parent / "manifest.json").read_text()) for config in (lean, standard)]
     cuts = [manifest["edge_cut"]["fraction"] for manifest in manifests]
     assert abs(cuts[0] - cuts[1]) <= 0.1 * cuts[1], f"lean cut {cuts[0]} vs partition_graph {cuts[1]}"
     for manifest in manifests:
         train = [part["train_nodes"] for part in manifest["parts"]]
         assert abs(train[0] - train[1]) < 0.1 * sum(train), "train mask not balanced"
-    # Each owned set is the other builder's up to METIS' small differences (or the parts' order).
-    for lean_part in lean_parts:
-        overlap = max(len(lean_part["owned"] & other["owned"]) for other in standard_parts)
-        assert overlap > 0.8 * len(lean_part["owned"])
 
 
 def test_random_method_cuts_more_than_metis(cli, synthetic_dataset, partition_2, tmp_path):
