@@ -55,15 +55,33 @@ def undirected_pairs(src: np.ndarray, dst: np.ndarray, num_nodes: int) -> np.nda
 
 
 def symmetric_graph(pairs: np.ndarray, num_nodes: int):
-    """Both directions of every pair: the graph METIS partitions (DGL builds its CSC for METIS)."""
+    """Both directions of every pair, as the CSC-only graph DGL's METIS reads, written straight into its
+    index arrays (a COO graph and the CSC DGL would build from it would hold twice as much)."""
     import dgl
     import torch
 
-    low, high = np.divmod(pairs, num_nodes)
-    both_src = torch.from_numpy(np.concatenate([low, high]))
-    both_dst = torch.from_numpy(np.concatenate([high, low]))
-    del low, high
-    return dgl.graph((both_src, both_dst), num_nodes=num_nodes, idtype=torch.int64)
+    low = pairs // num_nodes
+    high = pairs
+    high -= low * num_nodes  # in place: pairs becomes the high ends
+    from_low, from_high = np.bincount(low, minlength=num_nodes), np.bincount(high, minlength=num_nodes)
+    indptr = np.concatenate([[0], np.cumsum(from_low + from_high)])
+    indices = np.empty(2 * len(pairs), np.int64)
+    # Column v holds first the high ends of pairs (v, h), which `low` being sorted keeps together, then the
+    # low ends of pairs (l, v), grouped by a stable sort on `high`. Slices keep the temporaries small.
+    starts_low = np.cumsum(from_low) - from_low
+    by_high = np.argsort(high, kind="stable")
+    starts_high = np.cumsum(from_high) - from_high
+    step = 1 << 24
+    for begin in range(0, len(pairs), step):
+        rank = np.arange(begin, min(begin + step, len(pairs)))
+        v = low[begin:begin + step]
+        indices[indptr[v] + rank - starts_low[v]] = high[begin:begin + step]
+        order = by_high[begin:begin + step]
+        v = high[order]
+        indices[indptr[v] + from_low[v] + rank - starts_high[v]] = low[order]
+    del low, high, by_high
+    return dgl.graph(("csc", (torch.from_numpy(indptr), torch.from_numpy(indices), torch.zeros(0, dtype=torch.int64))),
+                     num_nodes=num_nodes, idtype=torch.int64)
 
 
 def metis_assignment(graph_file: Path, num_parts: int, balance_train: bool, balance_edges: bool) -> np.ndarray:

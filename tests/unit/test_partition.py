@@ -186,3 +186,14 @@ def test_cli_prints_result_last(dglkit, partition_2, synthetic_dataset):
     proc = dglkit(*partition_args(synthetic_dataset, partition_2.parent, 2))
     result = json.loads(proc.stdout.splitlines()[-1])
     assert result["changed"] is False and result["num_parts"] == 2 and result["part_config"] == str(partition_2)
+
+
+def test_metis_input_is_the_graph_made_symmetric_without_loops_or_duplicates():
+    from dglkit.leanpart import symmetric_graph, undirected_pairs
+
+    rng = np.random.default_rng(1)
+    src, dst = rng.integers(0, 300, 4000), rng.integers(0, 300, 4000)  # loops and duplicates included
+    indptr, indices, _ = (ids.numpy() for ids in symmetric_graph(undirected_pairs(src, dst, 300), 300).adj_tensors("csc"))
+    got = list(zip(indices.tolist(), np.repeat(np.arange(300), np.diff(indptr)).tolist()))
+    want = {(a, b) for a, b in zip(src.tolist(), dst.tolist()) if a != b}
+    assert len(got) == len(set(got)) and set(got) == want | {(b, a) for a, b in want}
