@@ -193,7 +193,8 @@ def test_metis_input_is_the_graph_made_symmetric_without_loops_or_duplicates():
 
     rng = np.random.default_rng(1)
     src, dst = rng.integers(0, 300, 4000), rng.integers(0, 300, 4000)  # loops and duplicates included
-    indptr, indices, _ = (ids.numpy() for ids in symmetric_graph(undirected_pairs(src, dst, 300), 300).adj_tensors("csc"))
+    graph = symmetric_graph(undirected_pairs(src, dst, 300), 300)
+    indptr, indices, _ = (ids.numpy() for ids in graph.adj_tensors("csc"))
     got = list(zip(indices.tolist(), np.repeat(np.arange(300), np.diff(indptr)).tolist()))
     want = {(a, b) for a, b in zip(src.tolist(), dst.tolist()) if a != b}
     assert len(got) == len(set(got)) and set(got) == want | {(b, a) for a, b in want}
