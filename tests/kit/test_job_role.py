@@ -70,7 +70,7 @@ def test_dataset_settings_change_dataset_partition_and_job(records: dict) -> Non
 
 
 def test_the_partition_builder_gives_its_own_partition_and_job(records: dict) -> None:
-    defaults, builder = records["defaults"], records["builder"]
+    defaults, builder = ids(records, "defaults"), ids(records, "builder")
     assert builder["dataset"] == defaults["dataset"]
     assert builder["partition"] == defaults["partition"] + "-dgl" and builder["job"] != defaults["job"]
 
