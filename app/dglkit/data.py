@@ -397,7 +397,9 @@ def find_ogb_dir(name: str, meta: dict[str, Any], root: Path | None, allow_downl
     if not ((directory / "processed" / "dgl_data_processed").is_file() or (directory / "raw" / raw).is_file()):
         raise UserError(f"{directory}: neither raw/{raw} nor processed/dgl_data_processed is there")
     split = directory / "split" / meta["split"]
-    if not ((split / "train.csv.gz").is_file() or (split / "split_dict.pt").is_file()):
+    # Heterogeneous datasets split per node type: split/<split>/<type>/train.csv.gz.
+    if not ((split / "train.csv.gz").is_file() or (split / "split_dict.pt").is_file()
+            or any(split.glob("*/train.csv.gz"))):
         raise UserError(f"{split}: train.csv.gz, valid.csv.gz and test.csv.gz are missing")
     return directory
 

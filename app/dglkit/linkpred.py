@@ -1,5 +1,5 @@
-"""Distributed link prediction (`dglkit train --task link_prediction`): a GraphSAGE encoder trained with
-dot-product scores on edges against uniformly sampled negatives, as DGL's distributed unsupervised GraphSAGE.
+"""Distributed link prediction (`dglkit train --task link_prediction`): a GraphSAGE encoder and an MLP scoring
+h_u * h_v (as DGL's link_pred example), trained on edges against uniformly sampled negatives.
 
 Validation and test edges are the pairs `dglkit prepare --val-edges-frac/--test-edges-frac` removed from the
 graph (edge_split.npz next to the dataset), so message passing never sees them. Each trainer ranks its share
@@ -15,6 +15,7 @@ from pathlib import Path
 import dgl
 import numpy as np
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
@@ -84,8 +85,7 @@ def train_linkpred(args: argparse.Namespace, config: dict) -> None:
     log(rank, f"graph {config['graph_name']}: {g.num_nodes()} nodes, {g.num_edges()} message-passing edges; this "
         f"trainer: {len(train_eids)} train edges, {pairs['val'].shape[1]} val, {pairs['test'].shape[1]} test pairs")
 
-    model = DistSAGE(in_feats, args.num_hidden, args.num_hidden, args.num_layers, args.dropout).to(device)
-    model = DistributedDataParallel(model)
+    model = DistributedDataParallel(LinkPredictor(in_feats, args.num_hidden, args.num_layers, args.dropout))
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     sampler = dgl.dataloading.MultiLayerNeighborSampler([int(f) for f in args.fan_out.split(",")])
     # DGL 2.1's DistEdgeDataLoader takes the block sampler and the edge options itself (its EdgeCollator).
@@ -103,8 +103,7 @@ def train_linkpred(args: argparse.Namespace, config: dict) -> None:
         totals = torch.zeros(2, dtype=torch.float64)  # loss sum, positive edges
         with model.join():
             for step, (input_nodes, pos_graph, neg_graph, blocks) in enumerate(loader):
-                h = model(blocks, g.ndata["feat"][input_nodes])
-                pos, neg = score(pos_graph, h), score(neg_graph, h)
+                pos, neg = model(blocks, g.ndata["feat"][input_nodes], pos_graph, neg_graph)
                 loss = F.binary_cross_entropy_with_logits(
                     torch.cat([pos, neg]), torch.cat([torch.ones_like(pos), torch.zeros_like(neg)]))
                 optimizer.zero_grad()
@@ -134,7 +133,7 @@ def train_linkpred(args: argparse.Namespace, config: dict) -> None:
     log(rank, f"test_mrr {test['mrr']:.4f} (final model), {best_test['mrr']:.4f} (best validation model, epoch "
         f"{best['epoch']}, val_mrr {best['val_mrr']:.4f})")
     if args.save_embeddings:
-        embeddings = model.module.inference(g, args.eval_batch_size, device)[1]
+        embeddings = model.module.encoder.inference(g, args.eval_batch_size, device)[1]
         if rank == 0:
             orig_nids = np.load(Path(args.part_config).parent / "orig_nids.npy")
             np.save(Path(args.out_dir) / "embeddings.npy",
@@ -151,10 +150,21 @@ def train_linkpred(args: argparse.Namespace, config: dict) -> None:
                             "graph_name": config["graph_name"]})
 
 
-def score(pair_graph, h: torch.Tensor) -> torch.Tensor:
-    """Dot product of the two end nodes' embeddings, one score per edge of pair_graph."""
-    src, dst = pair_graph.edges()
-    return (h[src] * h[dst]).sum(1)
+class LinkPredictor(nn.Module):
+    """GraphSAGE node embeddings; an edge's score is an MLP of the product of its end nodes' embeddings."""
+
+    def __init__(self, in_feats: int, num_hidden: int, num_layers: int, dropout: float):
+        super().__init__()
+        self.encoder = DistSAGE(in_feats, num_hidden, num_hidden, num_layers, dropout)
+        self.predictor = nn.Sequential(nn.Linear(num_hidden, num_hidden), nn.ReLU(), nn.Linear(num_hidden, 1))
+
+    def score(self, h_src: torch.Tensor, h_dst: torch.Tensor) -> torch.Tensor:
+        return self.predictor(h_src * h_dst).squeeze(-1)
+
+    def forward(self, blocks: list, x: torch.Tensor, *pair_graphs) -> list[torch.Tensor]:
+        """Scores of the edges of each pair graph, whose nodes are the last block's destination nodes."""
+        h = self.encoder(blocks, x)
+        return [self.score(h[pairs.edges()[0]], h[pairs.edges()[1]]) for pairs in pair_graphs]
 
 
 def rank_metrics(model, g, pairs: torch.Tensor, negatives: torch.Tensor, sampler, batch_size: int) -> dict:
@@ -162,16 +172,17 @@ def rank_metrics(model, g, pairs: torch.Tensor, negatives: torch.Tensor, sampler
     A negative that scores as high as the positive ranks above it: ties never flatter the model."""
     model.eval()
     nodes, index = torch.unique(torch.cat([pairs.reshape(-1), negatives.reshape(-1)]), return_inverse=True)
-    embeddings = torch.zeros(len(nodes), model.layers[-1]._out_feats)
+    embeddings = torch.zeros(len(nodes), model.encoder.layers[-1]._out_feats)
     loader = dgl.dataloading.DistNodeDataLoader(g, nodes, sampler, batch_size=batch_size, shuffle=False)
     with torch.no_grad():
         for input_nodes, seeds, blocks in loader if len(nodes) else []:
-            embeddings[torch.searchsorted(nodes, seeds)] = model(blocks, g.ndata["feat"][input_nodes])
-    n = pairs.shape[1]
-    src, dst = embeddings[index[:n]], embeddings[index[n:2 * n]]
-    neg = embeddings[index[2 * n:]].reshape(n, negatives.shape[1], -1)
-    pos_score = (src * dst).sum(1, keepdim=True)
-    neg_score = (src.unsqueeze(1) * neg).sum(2)
+            embeddings[torch.searchsorted(nodes, seeds)] = model.encoder(blocks, g.ndata["feat"][input_nodes])
+        n = pairs.shape[1]
+        src, dst = embeddings[index[:n]], embeddings[index[n:2 * n]]
+        neg = embeddings[index[2 * n:]].reshape(n, negatives.shape[1], -1)
+        pos_score = model.score(src, dst).unsqueeze(1)
+        neg_score = model.score(src.unsqueeze(1).expand_as(neg), neg)
+    model.train()
     ranks = 1 + (neg_score >= pos_score).sum(1).double()
     sums = torch.tensor([(1 / ranks).sum().item(), *[(ranks <= k).sum().item() for k in HITS], n], dtype=torch.float64)
     torch.distributed.all_reduce(sums)

@@ -150,8 +150,8 @@ def test_ogb_missing_files_fail_without_download_or_prompt(dglkit, tmp_path):
 
 
 def test_ogb_rejects_unsupported_datasets(cli, tmp_path):
-    code, _, err = cli("prepare", "--dataset", "ogbn-mag", "--data-root", tmp_path, "--out", tmp_path / "o")
-    assert code == 2 and "not a homogeneous multiclass dataset" in err
+    code, _, err = cli("prepare", "--dataset", "ogbn-proteins", "--data-root", tmp_path, "--out", tmp_path / "o")
+    assert code == 2 and "not a multiclass dataset" in err
     code, _, err = cli("prepare", "--dataset", "ogbn-nope", "--data-root", tmp_path, "--out", tmp_path / "o")
     assert code == 2 and "unknown OGB dataset" in err
 
