@@ -224,6 +224,9 @@ def write_ogbn_mag(root: Path) -> dict:
     write(base / "raw" / "node-feat" / "paper" / "node-feat.csv.gz", rows(feat))
     write(base / "raw" / "node-feat" / "paper" / "node_year.csv.gz", rows([2019] * 8))
     write(base / "raw" / "node-label" / "paper" / "node-label.csv.gz", rows(labels))
+    has_paper = ",".join(counts) + "\n" + ",".join(str(t == "paper") for t in counts) + "\n"
+    write(base / "raw" / "nodetype-has-label.csv.gz", has_paper)
+    write(base / "split" / "time" / "nodetype-has-split.csv.gz", has_paper)
     split = {"train": [0, 1, 2, 3], "valid": [4, 5], "test": [6, 7]}
     for name, ids in split.items():
         write(base / "split" / "time" / "paper" / f"{name}.csv.gz", rows(ids))
