@@ -106,15 +106,17 @@ NAMES = {"acc": "accuracy", "mrr": "MRR"}
 
 def text(summary: dict[str, Any]) -> str:
     m = summary["metric"]
+    # Accuracy reads as a percentage, MRR as the fraction it is.
+    show = percent if m == "acc" else (lambda value: "-" if value is None else f"{value:.4f}")
     lines = [
         summary["title"],
         f"task            {summary['task']}",
         f"epochs          {summary['epochs']} of {summary['planned_epochs'] or '?'}"
         f"{'' if summary['complete'] else '  (no test result: job incomplete)'}",
-        f"{'val ' + NAMES[m]:<15} final {percent(summary[f'final_val_{m}'])}, best "
-        f"{percent(summary[f'best_val_{m}'])} (epoch {summary['best_epoch']})",
-        f"{'test ' + NAMES[m]:<15} {percent(summary[f'best_test_{m}'])} best validation model, "
-        f"{percent(summary[f'test_{m}'])} final model",
+        f"{'val ' + NAMES[m]:<15} final {show(summary[f'final_val_{m}'])}, best "
+        f"{show(summary[f'best_val_{m}'])} (epoch {summary['best_epoch']})",
+        f"{'test ' + NAMES[m]:<15} {show(summary[f'best_test_{m}'])} best validation model, "
+        f"{show(summary[f'test_{m}'])} final model",
         f"final loss      {summary['final_loss']:.4f}",
         f"epoch time      {summary['mean_epoch_time']:.2f} s mean after the first ({summary['first_epoch_time']:.2f} s)",
         f"throughput      {summary['seeds_per_s']:,.0f} seeds/s",

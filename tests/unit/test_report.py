@@ -78,6 +78,6 @@ def test_report_of_link_prediction_uses_mrr(cli, partition_2, tmp_path):
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["task"] == "link_prediction" and summary["metric"] == "mrr" and summary["best_epoch"] == 1
     text = (tmp_path / "summary.txt").read_text()
-    assert "val MRR         final 30.00%, best 35.00% (epoch 1)" in text
-    assert "test MRR        33.00% best validation model, 29.00% final model" in text
+    assert "val MRR         final 0.3000, best 0.3500 (epoch 1)" in text
+    assert "test MRR        0.3300 best validation model, 0.2900 final model" in text
     assert matplotlib.image.imread(tmp_path / "curves.png").shape[0] > 100
