@@ -30,7 +30,6 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nodes", type=int, default=20_000, help="synthetic graph size (%(default)s)")
     parser.add_argument("--degree", type=float, default=12, help="its average degree (%(default)s)")
-    parser.add_argument("--classes", type=int, default=10, help="its classes (%(default)s)")
     parser.add_argument("--epochs", type=int, default=10, help="epochs per job (%(default)s)")
     parser.add_argument("--seeds", default="0,1,2", help="comma list: one job per seed and worker count")
     parser.add_argument("--workers", default="2,4", help="comma list of distributed worker counts")
@@ -45,10 +44,9 @@ def main() -> None:
     if args.quick:
         args.nodes, args.epochs, args.seeds, args.workers = 5000, 3, "0", "2"
     seeds = [int(s) for s in args.seeds.split(",")]
-    graph = ["--dataset", "synthetic", "--num-nodes", str(args.nodes), "--avg-degree", str(args.degree),
-             "--num-classes", str(args.classes), "--seed", "0"]
-    params = {"graph_nodes": args.nodes, "degree": args.degree, "classes": args.classes, "epochs": args.epochs,
-              "train_args": args.train_args}
+    # The graph clusterlib.partition() prepares on the cluster (generator defaults: 10 classes, seed 0).
+    graph = ["--dataset", "synthetic", "--num-nodes", str(args.nodes), "--avg-degree", str(args.degree)]
+    params = {"graph_nodes": args.nodes, "degree": args.degree, "epochs": args.epochs, "train_args": args.train_args}
 
     rows = []
     with tempfile.TemporaryDirectory(prefix="dglkit-accuracy-") as tmp:
@@ -58,7 +56,9 @@ def main() -> None:
                                         local_job(Path(tmp), train_args(args, seed), args.timeout)))
     for workers in (int(w) for w in args.workers.split(",")):
         with clusterlib.session(f"acc{workers}", workers, args.keep_cluster) as cluster:
-            part_config, cluster_fingerprint = cluster_partition(cluster, graph)
+            part_config = clusterlib.partition(cluster, args.nodes, args.degree)
+            dataset = cluster.workspace / "datasets" / f"bench-{args.nodes}-{args.degree}" / "dataset.json"
+            cluster_fingerprint = json.loads(dataset.read_text())["fingerprint"]
             if cluster_fingerprint != fingerprint:
                 sys.exit(f"error: the cluster's graph {cluster_fingerprint} differs from this machine's {fingerprint}")
             for seed in seeds:
@@ -96,17 +96,6 @@ def local_job(tmp: Path, train: list[str], timeout: float) -> dict:
                            "--", *train], capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, "PYTHONPATH": str(APP)})
     return figures(job_dir, proc.returncode == 0)
-
-
-def cluster_partition(cluster: clusterlib.Cluster, graph: list[str]) -> tuple[str, str]:
-    num_parts = len(cluster.workers())
-    data, out = f"{clusterlib.WS}/datasets/accuracy", f"{clusterlib.WS}/partitions/accuracy-{num_parts}"
-    first = next(iter(cluster.workers()))
-    cluster.ssh(first, f"{clusterlib.VENV_PYTHON} -m dglkit prepare {' '.join(graph)} --out {data} && "
-                       f"{clusterlib.VENV_PYTHON} -m dglkit partition --dataset-dir {data} --out {out} "
-                       f"--num-parts {num_parts} --graph-name dglkit_accuracy")
-    dataset = json.loads((cluster.workspace / "datasets" / "accuracy" / "dataset.json").read_text())
-    return f"{out}/dglkit_accuracy.json", dataset["fingerprint"]
 
 
 def cluster_job(cluster: clusterlib.Cluster, part_config: str, train: list[str], timeout: float) -> dict:
