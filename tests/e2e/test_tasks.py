@@ -40,7 +40,7 @@ def test_rgcn_on_a_heterogeneous_graph(site: Cluster, runs: Path) -> None:
     assert len(epochs) == 4 and "test accuracy" in (folder / "summary.txt").read_text()
     assert (folder / "predictions.npy").is_file()
     # The partition holds the per-type ID mappings.
-    (manifest_path,) = (site.workspace / "partitions").glob("synthetic_hetero-*-2p/manifest.json")
+    (manifest_path,) = (site.workspace / "partitions").glob("synthetic-hetero-*-2p/manifest.json")
     manifest = json.loads(manifest_path.read_text())
     assert len(manifest["parts"]) == 2 and all(part["train_nodes"] > 0 for part in manifest["parts"])
     assert_clean(site)
