@@ -19,7 +19,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
-from dglkit.common import UserError, check_machine_count, read_partition_config
+from dglkit import checkpoint
+from dglkit.common import UserError, beat, check_machine_count, read_partition_config
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -39,6 +40,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--save-embeddings", action="store_true", help="write embeddings.npy (all nodes)")
     parser.add_argument("--save-predictions", action="store_true", help="write predictions.npy (all nodes)")
+    parser.add_argument("--checkpoint-every", type=int, default=1,
+                        help="write <out-dir>/checkpoint.pt every N epochs and after the last; a run that finds "
+                        "one resumes from it (0: never)")
 
 
 def check_inputs(args: argparse.Namespace) -> dict:
@@ -96,6 +100,7 @@ class DistSAGE(nn.Module):
             loader = dgl.dataloading.DistNodeDataLoader(g, nodes, sampler, batch_size=batch_size, shuffle=False)
             with torch.no_grad():
                 for input_nodes, seeds, blocks in loader:
+                    beat()
                     block = blocks[0].to(device)
                     h = layer(block, x[input_nodes].to(device))
                     y[seeds] = (h if last else F.relu(h)).cpu()
@@ -160,15 +165,23 @@ def train(args: argparse.Namespace, config: dict) -> None:
         g, train_nids, sampler, batch_size=args.batch_size, shuffle=True, drop_last=False)
 
     out_dir = Path(args.out_dir)
+    first_epoch, history = checkpoint.load(out_dir, model.module, optimizer) if args.checkpoint_every else (0, [])
     metrics = None
     if rank == 0:
         out_dir.mkdir(parents=True, exist_ok=True)
+        # A resumed run rewrites the curves up to its checkpoint, so they continue without the lost epochs.
         metrics = (out_dir / "metrics.jsonl").open("w")
         options = {key: value for key, value in vars(args).items() if key not in ("command", "run")}
         write_event(metrics, {"event": "start", **options, "num_trainers": world})
+        if first_epoch:
+            # Kept in the history, so that the summary can count every restart and the time it cost.
+            history.append({"event": "resume", "epoch": first_epoch, "time": time.time()})
+            log(rank, f"resumed from {out_dir / checkpoint.NAME} at epoch {first_epoch}")
+        for record in history:
+            write_event(metrics, record)
 
-    val_acc = 0.0
-    for epoch in range(args.num_epochs):
+    val_acc = next((record["val_acc"] for record in reversed(history) if record["event"] == "epoch"), 0.0)
+    for epoch in range(first_epoch, args.num_epochs):
         model.train()
         start = time.time()
         # loss sum, correct, seeds: summed over all trainers below.
@@ -176,6 +189,7 @@ def train(args: argparse.Namespace, config: dict) -> None:
         # join() keeps DDP's all-reduce from hanging when trainers have different numbers of batches.
         with model.join():
             for step, (input_nodes, seeds, blocks) in enumerate(train_loader):
+                beat()
                 blocks = [block.to(device) for block in blocks]
                 x = g.ndata["feat"][input_nodes].to(device)
                 y = g.ndata["labels"][seeds].long().to(device)
@@ -195,11 +209,14 @@ def train(args: argparse.Namespace, config: dict) -> None:
         loss_sum, correct, seeds = totals.tolist()
         record = {"event": "epoch", "epoch": epoch, "loss": loss_sum / max(seeds, 1),
                   "train_acc": correct / max(seeds, 1), "val_acc": val_acc, "epoch_time": epoch_time.item(),
-                  "seeds_per_s": seeds / epoch_time.item(), "num_trainers": world}
+                  "seeds_per_s": seeds / epoch_time.item(), "num_trainers": world, "time": time.time()}
         log(rank, f"epoch {epoch}: loss {record['loss']:.4f} train_acc {record['train_acc']:.4f} "
             f"val_acc {val_acc:.4f} time {record['epoch_time']:.2f}s {record['seeds_per_s']:.0f} seeds/s")
+        history.append(record)
         if metrics:
             write_event(metrics, record)
+        if args.checkpoint_every and ((epoch + 1) % args.checkpoint_every == 0 or epoch + 1 == args.num_epochs):
+            checkpoint.save(out_dir, model.module, optimizer, epoch, history)
 
     test_acc = evaluate(model.module, g, test_nids, sampler, args.eval_batch_size, device)
     log(rank, f"test_acc {test_acc:.4f} val_acc {val_acc:.4f}")
@@ -208,6 +225,7 @@ def train(args: argparse.Namespace, config: dict) -> None:
     if metrics:
         write_event(metrics, {"event": "test", "test_acc": test_acc, "val_acc": val_acc})
         metrics.close()
+        beat()
         torch.save(model.module.state_dict(), out_dir / "model.pt")
         result = {"test_acc": test_acc, "val_acc": val_acc, "num_epochs": args.num_epochs, "num_trainers": world,
                   "num_classes": num_classes, "in_feats": in_feats, "num_hidden": args.num_hidden,
@@ -222,6 +240,7 @@ def evaluate(model, g, nids, sampler, batch_size: int, device) -> float:
     loader = dgl.dataloading.DistNodeDataLoader(g, nids, sampler, batch_size=batch_size, shuffle=False)
     with torch.no_grad():
         for input_nodes, seeds, blocks in loader:
+            beat()
             blocks = [block.to(device) for block in blocks]
             logits = model(blocks, g.ndata["feat"][input_nodes].to(device))
             labels = g.ndata["labels"][seeds].long().to(device)

@@ -1,0 +1,98 @@
+"""Checkpoints, heartbeats and automatic restarts of `dglkit launch` with real DGL servers and trainers."""
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from localjob import assert_job_gone, start_local_job
+from dglkit.launch import HeartbeatWatch
+
+# Long enough to kill a trainer after a checkpoint and before the end.
+RESTART_ARGS = ["--num-epochs", "12", "--batch-size", "200", "--lr", "0.01", "--num-hidden", "16", "--log-every", "5"]
+
+
+def epochs_done(job_dir: Path) -> int:
+    try:
+        lines = (job_dir / "metrics.jsonl").read_text().splitlines()
+    except OSError:
+        return 0
+    return sum('"event": "epoch"' in line for line in lines)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_a_killed_trainer_restarts_from_the_checkpoint_and_completes(partition_1, tmp_path):
+    job_dir = tmp_path / "job"
+    shm_before = set(os.listdir("/dev/shm"))
+    launch, ports = start_local_job(job_dir, partition_1, "n1", "--max-restarts", 1, "--grace", 5,
+                                    "--restart-wait", 30, train_args=RESTART_ARGS)
+    deadline = time.time() + 240
+    while epochs_done(job_dir) < 3:
+        assert launch.poll() is None and time.time() < deadline, (job_dir / "launch.out").read_text()[-3000:]
+        time.sleep(0.3)
+    status = json.loads((job_dir / "nodes/n1/status.json").read_text())
+    torchrun = next(p["pid"] for p in status["processes"] if p["name"] == "trainers")
+    victim = next(p for p in psutil.Process(torchrun).children() if p.environ().get("RANK") == "1")
+    victim.kill()
+
+    assert launch.wait(timeout=300) == 0, (job_dir / "launch.out").read_text()[-3000:]
+    # The first attempt's failure and logs are kept apart from the second's.
+    failed = json.loads((job_dir / "attempts/1/FAILED").read_text())
+    assert failed["attempt"] == 1 and failed["process"] == "trainer-1" and failed["exit_code"] == -9
+    assert "exited with signal SIGKILL" in (job_dir / "attempts/1/nodes/n1/launcher.log").read_text()
+    assert (job_dir / "attempts/1/nodes/n1/trainer-1.log").is_file() and (job_dir / "nodes/n1/trainer-1.log").is_file()
+    assert "resumed from" in (job_dir / "nodes/n1/trainer-0.log").read_text()
+    assert not (job_dir / "FAILED").exists()
+    status = json.loads((job_dir / "nodes/n1/status.json").read_text())
+    assert status["state"] == "succeeded" and status["attempt"] == 2
+    # The curves continue: every epoch once, in order, a resume record where the second attempt began.
+    metrics = [json.loads(line) for line in (job_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [m["epoch"] for m in metrics if m["event"] == "epoch"] == list(range(12))
+    resume = next(m for m in metrics if m["event"] == "resume")
+    assert 3 <= resume["epoch"] < 12
+    assert metrics[-1]["event"] == "test" and metrics[-1]["test_acc"] > 0.6
+    assert_job_gone(job_dir, ports, shm_before)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_restarts_run_out_and_a_stop_request_is_not_restarted(partition_1, tmp_path):
+    job_dir = tmp_path / "job"
+    shm_before = set(os.listdir("/dev/shm"))
+    launch, ports = start_local_job(job_dir, partition_1, "n1", "--max-restarts", 1, "--grace", 5,
+                                    "--restart-wait", 30, train_args=[*RESTART_ARGS[:1], "500", *RESTART_ARGS[2:]])
+    for attempt in (1, 2):
+        deadline = time.time() + 240
+        while True:
+            status = json.loads((job_dir / "nodes/n1/status.json").read_text())
+            if status["attempt"] == attempt and status["state"] == "running" and epochs_done(job_dir):
+                break
+            assert launch.poll() is None and time.time() < deadline, (job_dir / "launch.out").read_text()[-3000:]
+            time.sleep(0.3)
+        server = next(p["pid"] for p in status["processes"] if p["name"] == "server-0")
+        os.kill(server, signal.SIGKILL)
+    assert launch.wait(timeout=120) == 1
+    failed = json.loads((job_dir / "FAILED").read_text())
+    assert failed["attempt"] == 2 and failed["process"] == "server-0"
+    assert json.loads((job_dir / "attempts/1/FAILED").read_text())["attempt"] == 1
+    assert "no restarts left" in json.loads((job_dir / "nodes/n1/status.json").read_text())["reason"]
+    assert_job_gone(job_dir, ports, shm_before)
+
+
+def test_heartbeats_are_judged_by_the_launchers_clock(tmp_path):
+    """The counter's content matters, never a time written by the program or a file's time."""
+    watch = HeartbeatWatch(tmp_path)
+    assert watch.stalled(0.2) is None  # no heartbeat: never stalled
+    beat = tmp_path / "heartbeat-0"
+    beat.write_text("1\n")
+    os.utime(beat, (0, 0))  # a writer whose clock is decades off
+    assert watch.stalled(0.2) is None
+    time.sleep(0.3)
+    assert watch.stalled(0.2) == beat
+    beat.write_text("2\n")
+    assert watch.stalled(0.2) is None
