@@ -98,13 +98,13 @@ def progress_line(result: dict, config: dict) -> str:
     args = config.get("train_args", [])
     epochs = args[args.index("--num-epochs") + 1] if "--num-epochs" in args[:-1] else "?"
     line = result["state"]
-    if result["max_restarts"]:
-        line += f" (attempt {result['attempt']} of at most {result['max_restarts'] + 1})"
     progress = result["progress"]
     if progress:
         line += (f": epoch {progress['epoch'] + 1}/{epochs} loss {progress['loss']:.4f} train_acc "
                  f"{progress['train_acc']:.3f} val_acc {progress['val_acc']:.3f}, {progress['epoch_time']:.1f} s, "
                  f"{progress['seeds_per_s']:.0f} seeds/s")
+    if result["attempt"] > 1 or result["state"] == "restarting":
+        line += f"; attempt {result['attempt']} of at most {result['max_restarts'] + 1}"
     if result["reason"] and result["state"] != "succeeded":
         line += f"; {result['failed_node'] or 'job'}: {result['reason']}"
     return line + " [" + ", ".join(f"{name} {state}" for name, state in result["nodes"].items()) + "]"
