@@ -10,6 +10,7 @@ import psutil
 import pytest
 
 from localjob import assert_job_gone, start_local_job
+from dglkit.common import read_json
 from dglkit.launch import HeartbeatWatch
 
 # Long enough to kill a trainer after a checkpoint and before the end.
@@ -61,7 +62,7 @@ def test_a_killed_trainer_restarts_from_the_checkpoint_and_completes(partition_1
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
-def test_restarts_run_out_and_a_stop_request_is_not_restarted(partition_1, tmp_path):
+def test_restarts_run_out_and_fail_the_job(partition_1, tmp_path):
     job_dir = tmp_path / "job"
     shm_before = set(os.listdir("/dev/shm"))
     launch, ports = start_local_job(job_dir, partition_1, "n1", "--max-restarts", 1, "--grace", 5,
@@ -69,8 +70,8 @@ def test_restarts_run_out_and_a_stop_request_is_not_restarted(partition_1, tmp_p
     for attempt in (1, 2):
         deadline = time.time() + 240
         while True:
-            status = json.loads((job_dir / "nodes/n1/status.json").read_text())
-            if status["attempt"] == attempt and status["state"] == "running" and epochs_done(job_dir):
+            status = read_json(job_dir / "nodes/n1/status.json") or {}
+            if status.get("attempt") == attempt and status["state"] == "running" and epochs_done(job_dir):
                 break
             assert launch.poll() is None and time.time() < deadline, (job_dir / "launch.out").read_text()[-3000:]
             time.sleep(0.3)
