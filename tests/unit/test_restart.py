@@ -13,8 +13,14 @@ from localjob import assert_job_gone, start_local_job
 from dglkit.common import read_json
 from dglkit.launch import HeartbeatWatch
 
-# Long enough to kill a trainer after a checkpoint and before the end.
-RESTART_ARGS = ["--num-epochs", "12", "--batch-size", "200", "--lr", "0.01", "--num-hidden", "16", "--log-every", "5"]
+
+def start_restartable_job(job_dir: Path, part_config: Path, epochs: int):
+    """A --local job with one restart allowed: (launcher, ports, /dev/shm before)."""
+    shm_before = set(os.listdir("/dev/shm"))
+    launch, ports = start_local_job(job_dir, part_config, "n1", "--max-restarts", 1, "--grace", 5, "--restart-wait", 30,
+                                    train_args=["--num-epochs", str(epochs), "--batch-size", "200", "--lr", "0.01",
+                                                "--num-hidden", "16", "--log-every", "5"])
+    return launch, ports, shm_before
 
 
 def epochs_done(job_dir: Path) -> int:
@@ -29,9 +35,8 @@ def epochs_done(job_dir: Path) -> int:
 @pytest.mark.timeout(400)
 def test_a_killed_trainer_restarts_from_the_checkpoint_and_completes(partition_1, tmp_path):
     job_dir = tmp_path / "job"
-    shm_before = set(os.listdir("/dev/shm"))
-    launch, ports = start_local_job(job_dir, partition_1, "n1", "--max-restarts", 1, "--grace", 5,
-                                    "--restart-wait", 30, train_args=RESTART_ARGS)
+    # Long enough to kill a trainer after a checkpoint and before the end.
+    launch, ports, shm_before = start_restartable_job(job_dir, partition_1, 12)
     deadline = time.time() + 240
     while epochs_done(job_dir) < 3:
         assert launch.poll() is None and time.time() < deadline, (job_dir / "launch.out").read_text()[-3000:]
@@ -64,9 +69,7 @@ def test_a_killed_trainer_restarts_from_the_checkpoint_and_completes(partition_1
 @pytest.mark.timeout(400)
 def test_restarts_run_out_and_fail_the_job(partition_1, tmp_path):
     job_dir = tmp_path / "job"
-    shm_before = set(os.listdir("/dev/shm"))
-    launch, ports = start_local_job(job_dir, partition_1, "n1", "--max-restarts", 1, "--grace", 5,
-                                    "--restart-wait", 30, train_args=[*RESTART_ARGS[:1], "500", *RESTART_ARGS[2:]])
+    launch, ports, shm_before = start_restartable_job(job_dir, partition_1, 500)
     for attempt in (1, 2):
         deadline = time.time() + 240
         while True:
