@@ -234,6 +234,10 @@ class Launcher:
 
     def run(self) -> None:
         """Attempts until one succeeds, a stop is requested, this host shuts down or the restarts run out."""
+        status = read_json(self.node_dir / "status.json") or {}
+        if status.get("state") == "succeeded":
+            self.state = "succeeded"  # started again after the end (by hand, or at boot): nothing to do
+            return
         if self.rejoined_after_crash():
             self.fail("launcher", None, f"this node's launcher started again during attempt {self.attempt} "
                       "(host rebooted or launcher killed)", self.node_dir / "launcher.log")
@@ -470,10 +474,13 @@ class Launcher:
         for node in self.nodes:
             if node == self.cfg.node_name:
                 continue
+            path = self.job["job_dir"] / "nodes" / node / "status.json"
+            if (read_json(path) or {}).get("state") == "succeeded":
+                continue  # done and gone: its launcher no longer refreshes the file
             try:
-                age = now - (self.job["job_dir"] / "nodes" / node / "status.json").stat().st_mtime
+                age = now - path.stat().st_mtime
             except FileNotFoundError:
-                age = now - self.attempt_started
+                age = time.monotonic() - self.attempt_started
             if age > self.cfg.stale_after:
                 return node, f"node {node} silent: its status.json is {age:.0f} s old (launcher or host down?)"
         return None

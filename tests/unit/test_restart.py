@@ -88,6 +88,46 @@ def test_restarts_run_out_and_fail_the_job(partition_1, tmp_path):
     assert_job_gone(job_dir, ports, shm_before)
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(500)
+def test_a_launcher_started_again_mid_attempt_restarts_the_job(partition_1, tmp_path):
+    """What a host does when it comes back from a reboot: its launcher finds its own status in the middle of
+    the attempt, fails that attempt and the job resumes from its checkpoint."""
+    job_dir = tmp_path / "job"
+    launch, ports, shm_before = start_restartable_job(job_dir, partition_1, 12)
+    deadline = time.time() + 240
+    while not (job_dir / "checkpoint.pt").exists() or epochs_done(job_dir) < 3:
+        assert launch.poll() is None and time.time() < deadline, (job_dir / "launch.out").read_text()[-3000:]
+        time.sleep(0.3)
+    launch.kill()  # its servers and torchrun get SIGTERM from the kernel (PR_SET_PDEATHSIG)
+    launch.wait()
+    deadline = time.time() + 60
+    while any(p.status() != psutil.STATUS_ZOMBIE for p in psutil.process_iter()
+              if safe_environ(p).get("DGL_IP_CONFIG", "").startswith(str(job_dir))):
+        assert time.time() < deadline, "the killed launcher's processes did not exit"
+        time.sleep(0.5)
+
+    again, more_ports, _ = start_restartable_job(job_dir, partition_1, 12)
+    assert again.wait(timeout=300) == 0, (job_dir / "launch.out").read_text()[-3000:]
+    failed = json.loads((job_dir / "attempts/1/FAILED").read_text())
+    assert failed["process"] == "launcher" and "started again during attempt 1" in failed["reason"]
+    metrics = [json.loads(line) for line in (job_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [m["epoch"] for m in metrics if m["event"] == "epoch"] == list(range(12))
+    assert any(m["event"] == "resume" and m["epoch"] >= 3 for m in metrics)
+    # Started once more after the end, it does nothing.
+    last, last_ports, _ = start_restartable_job(job_dir, partition_1, 12)
+    assert last.wait(timeout=60) == 0 and "succeeded" in (job_dir / "launch.out").read_text()
+    assert json.loads((job_dir / "nodes/n1/status.json").read_text())["attempt"] == 2
+    assert_job_gone(job_dir, ports + more_ports + last_ports, shm_before)
+
+
+def safe_environ(proc: psutil.Process) -> dict:
+    try:
+        return proc.environ()
+    except psutil.Error:
+        return {}
+
+
 def test_heartbeats_are_judged_by_the_launchers_clock(tmp_path):
     """The counter's content matters, never a time written by the program or a file's time."""
     watch = HeartbeatWatch(tmp_path)
