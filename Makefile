@@ -7,7 +7,7 @@ WHEELHOUSE  := $(CACHE)/wheelhouse
 CLUSTER     := tests/cluster/testcluster.py
 DEMO        := demo
 DEMO_INV    := /var/lib/dglkit-testcluster/$(DEMO)/inventory
-APT_PACKAGES := debootstrap systemd-container qemu-system-x86 qemu-utils dpkg-dev iproute2 openssh-client rsync nftables
+APT_PACKAGES := debootstrap python3-venv systemd-container qemu-system-x86 qemu-utils dpkg-dev iproute2 openssh-client rsync nftables
 
 .PHONY: deps setup test test-unit test-e2e test-vm demo demo-down lint
 
@@ -24,7 +24,12 @@ $(VENV)/.complete: app/requirements/node.txt app/requirements/ogb.txt requiremen
 	$(VENV)/bin/pip install -q --no-deps -e app
 	touch $@
 
-setup:  ## wheelhouse, test-host root, local apt repository, then the controller venv
+# A fresh machine lacks the harness's tools (debootstrap first): install them once, then whenever missing.
+$(CACHE)/.deps:
+	$(MAKE) --no-print-directory deps
+	mkdir -p $(CACHE) && touch $@
+
+setup: $(CACHE)/.deps  ## wheelhouse, test-host root, local apt repository, then the controller venv
 	$(PYTHON) $(CLUSTER) stage
 	$(PYTHON) tests/vm/vmlab.py image
 	$(MAKE) --no-print-directory $(VENV)/.complete

@@ -5,6 +5,8 @@ import json
 import os
 import resource
 import sys
+import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -70,3 +72,46 @@ def check_machine_count(part_config: Path, num_parts: int, ip_config: Path, num_
     if num_parts != num_machines:
         raise UserError(f"{part_config} has {num_parts} partitions but {ip_config} lists {num_machines} "
                         "machines: partition the graph for as many machines as ip_config has lines")
+
+
+def shared_fs_now(directory: Path) -> float:
+    """The current time by the clock that stamps files in `directory` (the file server's, on NFS).
+
+    Comparing a file's mtime with this, not with time.time(), judges its age on one clock: a host whose clock
+    is minutes off does not make a fresh file look old.
+    """
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".clock.", dir=directory)
+    except OSError:
+        return time.time()  # not writable here (a read-only look): the local clock is the best there is
+    try:
+        return os.fstat(fd).st_mtime
+    finally:
+        os.close(fd)
+        os.unlink(probe)
+
+
+class Heartbeat:
+    """A program's sign of life for `dglkit launch`: a counter in $DGLKIT_HEARTBEAT_DIR/heartbeat-<RANK>.
+
+    The launcher notes, by its own clock, when the counter last changed; a counter that stops for the stall
+    timeout stops the job. Programs that never beat are never judged stalled. Cheap to call often: it writes
+    at most once a second.
+    """
+
+    def __init__(self) -> None:
+        directory = os.environ.get("DGLKIT_HEARTBEAT_DIR")
+        self.path = Path(directory) / f"heartbeat-{os.environ.get('RANK', '0')}" if directory else None
+        self.count, self.written = 0, 0.0
+
+    def __call__(self) -> None:
+        if self.path is None or time.monotonic() - self.written < 1.0:
+            return
+        self.count += 1
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text(f"{self.count}\n")
+        os.replace(tmp, self.path)
+        self.written = time.monotonic()
+
+
+beat = Heartbeat()

@@ -1,10 +1,16 @@
 """Start and supervise this node's DGL servers and trainers (DGL's tools/launch.py, one node at a time).
 
 Runs on every worker. Starts `num_servers` DGL servers and one torchrun for the trainers with DGL's launcher
-environment, then watches them: a process that fails, trainers whose logs stop growing, or a FAILED file
-written by another node's launcher stop everything this node started. Afterwards no process, listening port
-or /dev/shm file of the job is left. Logs, one per process, go to <job dir>/nodes/<node>/: server-<i>.log,
-trainer-<rank>.log (each trainer and its samplers), torchrun.log (torchrun's own output) and launcher.log.
+environment, then watches them: a process that fails, a heartbeat that stops, another node whose status went
+stale, a FAILED file written by another node's launcher, or a STOP request stop everything this node started.
+Afterwards no process, listening port or /dev/shm file of the job is left. Logs, one per process, go to
+<job dir>/nodes/<node>/: server-<i>.log, trainer-<rank>.log (each trainer and its samplers), torchrun.log
+(torchrun's own output) and launcher.log.
+
+Restarts: after a failed attempt every launcher stops its processes, says so in attempts/<n>/stopped/<node>,
+waits until every node has (or --restart-wait passes: a node that did not come back fails the next attempt),
+moves its logs to attempts/<n>/nodes/<node>/ and starts attempt n+1, which resumes from the job's checkpoint.
+The launchers agree through the shared job directory alone; no controller takes part.
 """
 
 import argparse
@@ -12,6 +18,7 @@ import ctypes
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -22,7 +29,7 @@ from pathlib import Path
 import psutil
 
 from dglkit.common import (UserError, check_machine_count, emit_result, read_json, read_partition_config,
-                           write_json)
+                           shared_fs_now, write_json)
 
 # Settings and their defaults; job.json uses the same keys, flags override it.
 DEFAULTS = {
@@ -39,6 +46,10 @@ DEFAULTS = {
     "master_port": 29500,
     "server_port": 30050,
     "stall_timeout": 120.0,
+    "stale_after": 120.0,
+    "max_restarts": 0,
+    "restart_wait": 300.0,
+    "nodes": [],
     "connect_retries": 10,
     "grace": 10.0,
     "local": False,
@@ -69,8 +80,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trainer-threads", type=int, help="OMP threads per trainer (default cpus/2/trainers)")
     parser.add_argument("--master-port", type=int, help="torch.distributed port on machine 0 (default 29500)")
     parser.add_argument("--server-port", type=int, help="with --local: first DGL server port (default 30050)")
-    parser.add_argument("--stall-timeout", type=float, help="stop the job when no trainer log grew for this many "
-                        "seconds once the trainers have started logging (default 120)")
+    parser.add_argument("--stall-timeout", type=float, help="stop the job when a program's heartbeat "
+                        "($DGLKIT_HEARTBEAT_DIR/heartbeat-<rank>) has not changed for this many seconds; programs "
+                        "that never beat are not judged (default 120)")
+    parser.add_argument("--stale-after", type=float, help="stop the job when another node's status.json is older "
+                        "than this many seconds by the shared filesystem's clock (default 120)")
+    parser.add_argument("--max-restarts", type=int, help="restart the job from its checkpoint this many times "
+                        "after a failure (default 0: the first failure ends the job)")
+    parser.add_argument("--restart-wait", type=float, help="seconds to wait for every node before a restart "
+                        "(default 300)")
+    parser.add_argument("--nodes", type=lambda text: text.split(","), help="every node's --node-name, comma "
+                        "separated, in ip_config order: enables restarts and the other nodes' liveness checks")
     parser.add_argument("--connect-retries", type=int, help="DGL connect attempts, 3 s apart, before a trainer "
                         "gives up on a server (default 10)")
     parser.add_argument("--grace", type=float, help="seconds between SIGTERM and SIGKILL when stopping (default 10)")
@@ -142,9 +162,13 @@ def preflight(cfg: argparse.Namespace) -> dict:
         raise UserError("no partition: pass --part-config <partition dir>/<graph>.json")
     job_dir = Path(cfg.job_dir).resolve()
     failed = read_json(job_dir / "FAILED")
-    if failed is not None or (job_dir / "FAILED").exists():
+    # A FAILED with restarts left is a restart in progress, which a launcher started late (a host back from a
+    # reboot) joins.
+    if (job_dir / "FAILED").exists() and (failed or {}).get("attempt", 1) > cfg.max_restarts:
         raise UserError(f"{job_dir}/FAILED exists (node {(failed or {}).get('node')}): this job has failed; "
                         "start a new job directory")
+    if (job_dir / "STOP").exists():
+        raise UserError(f"{job_dir}/STOP exists: this job was stopped; start a new job directory")
     if cfg.local:
         # Written by run() once every check has passed.
         ip_config = job_dir / "ip_config.txt"
@@ -175,9 +199,15 @@ def preflight(cfg: argparse.Namespace) -> dict:
         check_port_free(address, port + s, f"DGL server {s}")
     if machine_id == 0:
         check_port_free(address, cfg.master_port, "torch.distributed master port")
-    for key in ("num_servers", "num_trainers", "grace", "stall_timeout", "connect_retries"):
+    for key in ("num_servers", "num_trainers", "grace", "stall_timeout", "connect_retries", "stale_after",
+                "restart_wait"):
         if getattr(cfg, key) <= 0:
             raise UserError(f"--{key.replace('_', '-')} must be positive, got {getattr(cfg, key)}")
+    if cfg.max_restarts < 0:
+        raise UserError(f"--max-restarts must be 0 or more, got {cfg.max_restarts}")
+    if cfg.nodes and (len(cfg.nodes) != len(machines) or cfg.node_name not in cfg.nodes):
+        raise UserError(f"--nodes {','.join(cfg.nodes)}: give one name per ip_config line ({len(machines)}), "
+                        f"including this node's {cfg.node_name}")
     return {"job_dir": job_dir, "ip_config": ip_config, "part_config": part_config, "machines": machines,
             "machine_id": machine_id, "address": address, "port": port,
             "ifname": interfaces.get(address, "lo"), "node_dir": job_dir / "nodes" / cfg.node_name}
@@ -197,6 +227,100 @@ class Launcher:
         self.signal_received = 0
         self.shm_before = set(os.listdir("/dev/shm"))
         self.log_file = None
+        self.nodes: list[str] = cfg.nodes or [cfg.node_name]
+        self.attempt = current_attempt(job["job_dir"])
+        self.peers_checked = 0.0
+        self.attempt_started = time.monotonic()
+
+    def run(self) -> None:
+        """Attempts until one succeeds, a stop is requested, this host shuts down or the restarts run out."""
+        status = read_json(self.node_dir / "status.json") or {}
+        if status.get("state") == "succeeded":
+            self.state = "succeeded"  # started again after the end (by hand, or at boot): nothing to do
+            return
+        if self.rejoined_after_crash():
+            self.fail("launcher", None, f"this node's launcher started again during attempt {self.attempt} "
+                      "(host rebooted or launcher killed)", self.node_dir / "launcher.log")
+        while True:
+            if self.failed_record() is None:
+                self.run_attempt()
+                if self.state in ("succeeded", "stopped") or self.signal_received:
+                    return
+            failed = self.failed_record() or {}
+            reason = f"node {failed.get('node')}: {failed.get('process')}: {failed.get('reason')}"
+            if self.attempt > self.cfg.max_restarts:
+                self.set_state("failed", reason if self.cfg.max_restarts == 0 else
+                               f"attempt {self.attempt} failed ({reason}); no restarts left")
+                return
+            self.set_state("restarting", f"attempt {self.attempt} failed ({reason})")
+            missing = self.wait_for_peers()
+            if self.state == "stopped":
+                return
+            self.archive_attempt()
+            self.attempt += 1
+            if missing:
+                self.fail("node", None, f"node(s) {', '.join(missing)} did not come back within "
+                          f"{self.cfg.restart_wait:.0f} s", self.node_dir / "launcher.log", node=missing[0])
+
+    def run_attempt(self) -> None:
+        self.procs, self.logs, self.pgids = {}, {}, set()
+        self.attempt_started = time.monotonic()
+        self.set_state("starting")
+        self.say(f"attempt {self.attempt} of at most {self.cfg.max_restarts + 1}")
+        try:
+            self.start_all()
+            self.supervise()
+        finally:
+            self.stop_all()
+
+    def rejoined_after_crash(self) -> bool:
+        """This node's status says it was in the middle of the current attempt: its launcher died with it."""
+        status = read_json(self.node_dir / "status.json") or {}
+        return (status.get("attempt") == self.attempt and status.get("state") in ("starting", "running")
+                and self.failed_record() is None)
+
+    def wait_for_peers(self) -> list[str]:
+        """Barrier before the next attempt: every node has stopped its processes. Returns the nodes that did not
+        say so within --restart-wait (down, or not back yet)."""
+        attempt_dir = self.job["job_dir"] / "attempts" / str(self.attempt)
+        stopped = attempt_dir / "stopped"
+        stopped.mkdir(parents=True, exist_ok=True)
+        (stopped / self.cfg.node_name).touch()
+        deadline = time.monotonic() + self.cfg.restart_wait
+        while True:
+            missing = sorted(set(self.nodes) - {path.name for path in stopped.iterdir()})
+            # attempts/<n>/FAILED: a faster node passed the barrier already and moved the FAILED file there.
+            if not missing or (attempt_dir / "FAILED").exists():
+                return []
+            if (self.job["job_dir"] / "STOP").exists() or self.signal_received:
+                self.set_state("stopped", "stop requested while waiting to restart")
+                return []
+            if time.monotonic() > deadline:
+                return missing
+            self.write_status()
+            time.sleep(POLL)
+
+    def archive_attempt(self) -> None:
+        """Move this node's logs of the failed attempt, and the attempt's FAILED file, to attempts/<n>/."""
+        job_dir = self.job["job_dir"]
+        attempt_dir = job_dir / "attempts" / str(self.attempt)
+        archive = attempt_dir / "nodes" / self.cfg.node_name
+        archive.mkdir(parents=True, exist_ok=True)
+        if self.log_file:
+            self.log_file.close()
+        for path in self.node_dir.iterdir():
+            # unit.log is systemd's for the unit's whole life; status.json always tells the current state.
+            if path.name not in ("status.json", "unit.log"):
+                os.replace(path, archive / path.name)
+        self.log_file = open(self.node_dir / "launcher.log", "a")
+        if self.failed_record() is not None:
+            if (job_dir / "metrics.jsonl").exists():
+                shutil.copy(job_dir / "metrics.jsonl", attempt_dir / ".metrics.jsonl.tmp")
+                os.replace(attempt_dir / ".metrics.jsonl.tmp", attempt_dir / "metrics.jsonl")
+            try:
+                os.replace(job_dir / "FAILED", attempt_dir / "FAILED")
+            except FileNotFoundError:
+                pass  # another node moved it
 
     def say(self, message: str) -> None:
         line = f"{time.strftime('%H:%M:%S')} launch[{self.cfg.node_name}]: {message}"
@@ -234,7 +358,8 @@ class Launcher:
         if self.state != "starting":
             return
         trainer_env = dict(env, DGL_DIST_MODE="distributed", DGL_ROLE="client", DGL_GROUP_ID="0",
-                           OMP_NUM_THREADS=str(cfg.trainer_threads), DGLKIT_TRAINER_LOG_DIR=str(self.node_dir))
+                           OMP_NUM_THREADS=str(cfg.trainer_threads), DGLKIT_TRAINER_LOG_DIR=str(self.node_dir),
+                           DGLKIT_HEARTBEAT_DIR=str(self.node_dir))
         torchrun = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={cfg.num_trainers}",
                     f"--nnodes={num_machines}", f"--node_rank={job['machine_id']}",
                     f"--master_addr={job['machines'][0][0]}", f"--master_port={cfg.master_port}",
@@ -259,26 +384,20 @@ class Launcher:
             time.sleep(POLL)
 
     def supervise(self) -> None:
-        sizes: dict[Path, int] = {}
-        started, last_growth = time.time(), None
+        heartbeats = HeartbeatWatch(self.node_dir)
         while self.state == "running":
             self.track_descendants()
-            for log in self.node_dir.glob("trainer-*.log"):
-                size = log.stat().st_size
-                if sizes.get(log) != size:
-                    sizes[log], last_growth = size, time.time()
             if self.check_processes() or self.check_outside():
                 return
             if self.procs["trainers"].poll() == 0:
                 self.wait_for_servers_exit()
                 return
-            if last_growth is None and time.time() - started > START_TIMEOUT:
-                self.fail("trainers", None, f"no trainer log appeared within {START_TIMEOUT:.0f} s",
-                          self.logs["trainers"])
-                return
-            if last_growth is not None and time.time() - last_growth > self.cfg.stall_timeout:
-                log = max(sizes, key=lambda p: p.stat().st_mtime)
-                self.fail("trainers", None, f"stalled: no trainer log grew for {self.cfg.stall_timeout:.0f} s", log)
+            stalled = heartbeats.stalled(self.cfg.stall_timeout)
+            if stalled:
+                rank = stalled.name.removeprefix("heartbeat-")
+                log = self.node_dir / f"trainer-{rank}.log"
+                self.fail(f"trainer-{rank}", None, f"stalled: its heartbeat did not change for "
+                          f"{self.cfg.stall_timeout:.0f} s", log if log.exists() else self.logs["trainers"])
                 return
             self.write_status()
             time.sleep(POLL)
@@ -321,24 +440,62 @@ class Launcher:
         return f"trainer-{rank}", code, log if log.exists() else self.logs["trainers"]
 
     def check_outside(self) -> bool:
-        """A stop request (signal) or another node's FAILED file."""
-        if self.signal_received:
+        """A stop request (STOP file, or a signal), another node's FAILED file or another node gone silent."""
+        job_dir = self.job["job_dir"]
+        if (job_dir / "STOP").exists():
+            self.set_state("stopped", "stop requested (STOP)")
+            return True
+        if self.signal_received and self.cfg.max_restarts == 0:
             self.set_state("stopped", f"received {signal.Signals(self.signal_received).name}")
             return True
-        failed = read_json(self.job["job_dir"] / "FAILED")
+        if self.signal_received:
+            # systemd stops the unit this way when the host shuts down: the other nodes restart without us,
+            # and this node rejoins when it is back.
+            self.fail("launcher", None, f"received {signal.Signals(self.signal_received).name} without a stop "
+                      "request (host shutting down?)", self.node_dir / "launcher.log")
+            return True
+        failed = self.failed_record()
         if failed is not None:
             self.set_state("failed", f"node {failed.get('node')} failed ({failed.get('process')}: "
                            f"{failed.get('reason')}); stopped this node's processes")
             return True
+        stale = self.stale_peer()
+        if stale:
+            self.fail("node", None, stale[1], self.node_dir / "launcher.log", node=stale[0])
+            return True
         return False
 
-    def fail(self, process: str, code: int | None, reason: str, log: Path) -> None:
+    def stale_peer(self) -> tuple[str, str] | None:
+        """Another node whose status.json is older than --stale-after by the shared filesystem's clock."""
+        if len(self.nodes) < 2 or time.monotonic() - self.peers_checked < STATUS_EVERY:
+            return None
+        self.peers_checked = time.monotonic()
+        now = shared_fs_now(self.job["job_dir"])
+        for node in self.nodes:
+            if node == self.cfg.node_name:
+                continue
+            path = self.job["job_dir"] / "nodes" / node / "status.json"
+            if (read_json(path) or {}).get("state") == "succeeded":
+                continue  # done and gone: its launcher no longer refreshes the file
+            try:
+                age = now - path.stat().st_mtime
+            except FileNotFoundError:
+                age = time.monotonic() - self.attempt_started
+            if age > self.cfg.stale_after:
+                return node, f"node {node} silent: its status.json is {age:.0f} s old (launcher or host down?)"
+        return None
+
+    def failed_record(self) -> dict | None:
+        """The job's FAILED file when it is about this attempt."""
+        failed = read_json(self.job["job_dir"] / "FAILED")
+        return failed if failed is not None and failed.get("attempt", 1) == self.attempt else None
+
+    def fail(self, process: str, code: int | None, reason: str, log: Path, node: str | None = None) -> None:
         """Record the failure and, if no other node was first, write the job's FAILED file."""
         tail = log_tail(log)
-        self.set_state("failed", f"{process}: {reason}")
         self.say(f"FAILED: {process}: {reason}; last lines of {log}:\n    " + "\n    ".join(tail))
-        record = {"node": self.cfg.node_name, "process": process, "exit_code": code, "reason": reason,
-                  "log": str(log), "log_tail": tail, "time": time.time()}
+        record = {"node": node or self.cfg.node_name, "process": process, "exit_code": code, "reason": reason,
+                  "log": str(log), "log_tail": tail, "time": time.time(), "attempt": self.attempt}
         tmp = self.job["job_dir"] / f".FAILED.{self.cfg.node_name}.{os.getpid()}"
         tmp.write_text(json.dumps(record, indent=1) + "\n")
         try:
@@ -347,6 +504,8 @@ class Launcher:
         except FileExistsError:
             pass
         tmp.unlink()
+        # After FAILED: a watcher that sees this node failed also sees whether restarts are left.
+        self.set_state("failed", f"{process}: {reason}")
 
     def set_state(self, state: str, reason: str = "") -> None:
         self.state, self.reason = state, reason
@@ -358,7 +517,7 @@ class Launcher:
         processes = [{"name": name, "pid": proc.pid, "returncode": proc.poll()} for name, proc in self.procs.items()]
         write_json(self.node_dir / "status.json", {"node": self.cfg.node_name, "state": self.state,
                                                    "reason": self.reason, "updated": time.time(),
-                                                   "processes": processes})
+                                                   "attempt": self.attempt, "processes": processes})
         self.status_written = time.time()
 
     def track_descendants(self) -> None:
@@ -401,6 +560,31 @@ class Launcher:
             except (psutil.NoSuchProcess, ChildProcessError):
                 pass
         return any(group_exists(pgid) for pgid in self.pgids)
+
+
+class HeartbeatWatch:
+    """When this launcher saw each heartbeat file change, by its own monotonic clock (never the writer's)."""
+
+    def __init__(self, directory: Path):
+        self.directory = directory
+        self.seen: dict[Path, tuple[str, float]] = {}
+
+    def stalled(self, timeout: float) -> Path | None:
+        now = time.monotonic()
+        for path in self.directory.glob("heartbeat-*[0-9]"):
+            try:
+                count = path.read_text()
+            except OSError:
+                continue
+            if self.seen.get(path, ("",))[0] != count:
+                self.seen[path] = (count, now)
+        return next((path for path, (_, changed) in self.seen.items() if now - changed > timeout), None)
+
+
+def current_attempt(job_dir: Path) -> int:
+    """1 + the last attempt that failed and was archived (attempts/<n>/FAILED)."""
+    archived = [int(path.parent.name) for path in job_dir.glob("attempts/*/FAILED") if path.parent.name.isdigit()]
+    return max(archived, default=0) + 1
 
 
 def die_with_parent() -> None:
@@ -492,14 +676,11 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, on_signal)
     launcher.say(f"machine {job['machine_id']} of {len(job['machines'])} ({job['address']}, {job['ifname']}); "
                  f"{cfg.num_servers} servers, {cfg.num_trainers} trainers, {cfg.num_samplers} samplers each")
-    launcher.write_status(force=True)
-    try:
-        launcher.start_all()
-        launcher.supervise()
-    finally:
-        launcher.stop_all()
+    launcher.run()
     launcher.say(f"{launcher.state}" + (f": {launcher.reason}" if launcher.reason else ""))
     emit_result({"changed": True, "node": cfg.node_name, "state": launcher.state, "reason": launcher.reason})
     if launcher.state == "succeeded":
         return 0
-    return 128 + launcher.signal_received if launcher.state == "stopped" else 1
+    if launcher.signal_received:
+        return 128 + launcher.signal_received
+    return 0 if launcher.state == "stopped" else 1

@@ -74,7 +74,7 @@ def summarise(job_dir: Path, events: list[dict[str, Any]], result: dict[str, Any
         "mean_epoch_time": statistics.fmean(event["epoch_time"] for event in steady),
         "first_epoch_time": epochs[0]["epoch_time"],
         "seeds_per_s": statistics.fmean(event["seeds_per_s"] for event in steady),
-        "complete": f"test_{metric}" in test, "result": result,
+        "complete": f"test_{metric}" in test, "result": result, "restarts": restarts(job_dir, events),
     }
     summary["title"] = f"{summary['dataset'] or job_dir.name}: {machines or '?'} machines x " \
                        f"{summary['trainers_per_machine'] or '?'} trainers"
@@ -84,6 +84,23 @@ def summarise(job_dir: Path, events: list[dict[str, Any]], result: dict[str, Any
 def task_metric(epochs: list[dict[str, Any]]) -> str:
     """'acc' (node classification) or 'mrr' (link prediction): what the trainer validated with."""
     return "mrr" if "val_mrr" in epochs[0] else "acc"
+
+
+def restarts(job_dir: Path, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each failed attempt that was restarted: what failed, the epoch it resumed at and the time lost (from the
+    checkpointed epoch to the resumed start: the work redone plus the downtime)."""
+    failures = {int(path.parent.name): read_json(path) or {} for path in job_dir.glob("attempts/*/FAILED")
+                if path.parent.name.isdigit()}
+    resumes = [event for event in events if event.get("event") == "resume"]
+    found = []
+    for attempt, resume in zip(sorted(failures), resumes):
+        failure = failures[attempt]
+        checkpointed = next((event for event in events if event.get("event") == "epoch"
+                             and event["epoch"] == resume["epoch"] - 1 and "time" in event), None)
+        found.append({"attempt": attempt, "node": failure.get("node"), "process": failure.get("process"),
+                      "reason": failure.get("reason"), "resumed_at_epoch": resume["epoch"],
+                      "time_lost": resume["time"] - checkpointed["time"] if checkpointed else None})
+    return found
 
 
 def describe_dataset(part_config: str | None) -> str | None:
@@ -123,6 +140,10 @@ def text(summary: dict[str, Any]) -> str:
         f"graphbolt       {'yes' if summary['graphbolt'] else 'no'}",
         f"job             {summary['job_dir']}",
     ]
+    for restart in summary["restarts"]:
+        lost = "?" if restart["time_lost"] is None else f"{restart['time_lost']:.0f} s"
+        lines.append(f"restart         attempt {restart['attempt']} failed on {restart['node']} ({restart['process']}: "
+                     f"{restart['reason']}); resumed at epoch {restart['resumed_at_epoch']}, {lost} lost")
     return "\n".join(lines) + "\n"
 
 

@@ -23,7 +23,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
-from dglkit.common import UserError, check_machine_count, read_partition_config
+from dglkit import checkpoint
+from dglkit.common import UserError, beat, check_machine_count, read_partition_config
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -53,6 +54,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--save-embeddings", action="store_true", help="write embeddings.npy (all nodes)")
     parser.add_argument("--save-predictions", action="store_true", help="write predictions.npy (all nodes)")
+    parser.add_argument("--checkpoint-every", type=int, default=1,
+                        help="write <out-dir>/checkpoint.pt every N epochs and after the last; a run that finds "
+                        "one resumes from it (0: never)")
 
 
 TASKS = ("node_classification", "link_prediction")
@@ -128,6 +132,7 @@ class DistSAGE(nn.Module):
             loader = dgl.dataloading.DistNodeDataLoader(g, nodes, sampler, batch_size=batch_size, shuffle=False)
             with torch.no_grad():
                 for input_nodes, seeds, blocks in loader:
+                    beat()
                     block = blocks[0].to(device)
                     h = layer(block, x[input_nodes].to(device))
                     y[seeds] = (h if last else F.relu(h)).cpu()
@@ -206,9 +211,21 @@ def train(args: argparse.Namespace, config: dict) -> None:
         g, train_nids, sampler, batch_size=args.batch_size, shuffle=True, drop_last=False)
 
     out_dir = Path(args.out_dir)
+    first_epoch, history, best = (checkpoint.load(out_dir, model.module, optimizer) if args.checkpoint_every
+                                  else (0, [], None))
+    best = best or {"val_acc": -1.0, "epoch": None, "state": None}
     metrics = open_metrics(args, world) if rank == 0 else None
-    best = {"val_acc": -1.0, "epoch": None, "state": None}
-    for epoch in range(args.num_epochs):
+    if metrics:
+        if first_epoch:
+            # Kept in the history, so that the summary can count every restart and the time it cost.
+            history.append({"event": "resume", "epoch": first_epoch, "time": time.time()})
+            log(rank, f"resumed from {out_dir / checkpoint.NAME} at epoch {first_epoch}")
+        # A resumed run rewrites the curves up to its checkpoint, so they continue without the lost epochs.
+        for record in history:
+            write_event(metrics, record)
+
+    val_acc = next((record["val_acc"] for record in reversed(history) if record["event"] == "epoch"), 0.0)
+    for epoch in range(first_epoch, args.num_epochs):
         model.train()
         start = time.time()
         # loss sum, correct, seeds: summed over all trainers below.
@@ -216,6 +233,7 @@ def train(args: argparse.Namespace, config: dict) -> None:
         # join() keeps DDP's all-reduce from hanging when trainers have different numbers of batches.
         with model.join():
             for step, (input_nodes, seeds, blocks) in enumerate(train_loader):
+                beat()
                 blocks = [block.to(device) for block in blocks]
                 x = g.ndata["feat"][input_nodes].to(device)
                 y = g.ndata["labels"][seeds].long().to(device)
@@ -238,10 +256,13 @@ def train(args: argparse.Namespace, config: dict) -> None:
         loss_sum, correct, seeds = totals.tolist()
         record = {"event": "epoch", "epoch": epoch, "loss": loss_sum / max(seeds, 1),
                   "train_acc": correct / max(seeds, 1), "val_acc": val_acc, "epoch_time": epoch_time.item(),
-                  "seeds_per_s": seeds / epoch_time.item(), "num_trainers": world}
+                  "seeds_per_s": seeds / epoch_time.item(), "num_trainers": world, "time": time.time()}
         log_epoch(rank, record)
+        history.append(record)
         if metrics:
             write_event(metrics, record)
+        if args.checkpoint_every and ((epoch + 1) % args.checkpoint_every == 0 or epoch + 1 == args.num_epochs):
+            checkpoint.save(out_dir, model.module, optimizer, epoch, history, best)
 
     test_acc = evaluate(model.module, g, test_nids, sampler, args.eval_batch_size, device)
     final_state = model.module.state_dict()
@@ -256,6 +277,7 @@ def train(args: argparse.Namespace, config: dict) -> None:
                 "best_val_acc": best["val_acc"], "best_epoch": best["epoch"]}
         write_event(metrics, {"event": "test", **test})
         metrics.close()
+        beat()
         torch.save(final_state, out_dir / "model.pt")
         torch.save(best["state"], out_dir / "model-best.pt")
         write_result(args, {**test, "num_trainers": world, "num_classes": num_classes, "in_feats": in_feats,
@@ -281,7 +303,7 @@ def write_result(args: argparse.Namespace, result: dict) -> None:
 def log_epoch(rank: int, record: dict) -> None:
     """One progress line per epoch: every numeric figure of the epoch event."""
     figures = " ".join(f"{key} {value:.4f}" if isinstance(value, float) else f"{key} {value}"
-                       for key, value in record.items() if key not in ("event", "epoch", "num_trainers"))
+                       for key, value in record.items() if key not in ("event", "epoch", "num_trainers", "time"))
     log(rank, f"epoch {record['epoch']}: {figures}")
 
 
@@ -292,6 +314,7 @@ def evaluate(model, g, nids, sampler, batch_size: int, device) -> float:
     loader = dgl.dataloading.DistNodeDataLoader(g, nids, sampler, batch_size=batch_size, shuffle=False)
     with torch.no_grad():
         for input_nodes, seeds, blocks in loader:
+            beat()
             blocks = [block.to(device) for block in blocks]
             logits = model(blocks, g.ndata["feat"][input_nodes].to(device))
             labels = g.ndata["labels"][seeds].long().to(device)

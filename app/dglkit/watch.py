@@ -1,8 +1,12 @@
-"""Report a job's state across all nodes from the shared job directory (status.json, FAILED, metrics.jsonl).
+"""Report a job's state across all nodes from the shared job directory (status.json, FAILED, STOP,
+metrics.jsonl).
 
 Prints one JSON line and returns as soon as the state or the progress changes, or after --wait seconds.
-A node whose status.json is missing or has not been refreshed for --stale-after seconds (launcher dead, host
-down) counts as failed once the wait is over.
+A node whose status.json is missing or older than --stale-after seconds (launcher dead, host down) counts as
+failed once the wait is over, when the job has no restarts (with restarts the launchers judge that, and the
+job fails here only when every node is silent). Ages are judged on one clock: status.json's modification time
+against a file this command writes in the same directory, both stamped by the shared filesystem, so a node
+whose clock is off is not mistaken for a silent one.
 """
 
 import argparse
@@ -10,7 +14,7 @@ import json
 import time
 from pathlib import Path
 
-from dglkit.common import UserError, emit_result, read_json
+from dglkit.common import UserError, emit_result, read_json, shared_fs_now
 
 POLL = 1.0
 
@@ -24,17 +28,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def node_states(job_dir: Path, nodes: list[str], stale_after: float) -> dict[str, dict]:
-    """name -> {"state", "reason"}; "missing" and "stale" are watch's own states for silent nodes."""
+    """name -> {"state", "reason", "attempt"}; "missing" and "stale" are watch's own states for silent nodes."""
     states = {}
+    now = shared_fs_now(job_dir)
     for node in nodes:
-        status = read_json(job_dir / "nodes" / node / "status.json")
+        path = job_dir / "nodes" / node / "status.json"
+        status = read_json(path)
         if status is None:
-            states[node] = {"state": "missing", "reason": f"no {job_dir}/nodes/{node}/status.json"}
-        elif status.get("state") in ("starting", "running") and time.time() - status.get("updated", 0) > stale_after:
-            age = time.time() - status.get("updated", 0)
-            states[node] = {"state": "stale", "reason": f"status not updated for {age:.0f} s (launcher or host down?)"}
-        else:
-            states[node] = {"state": status.get("state"), "reason": status.get("reason", "")}
+            states[node] = {"state": "missing", "reason": f"no {path}"}
+            continue
+        states[node] = {"state": status.get("state"), "reason": status.get("reason", ""),
+                        "attempt": status.get("attempt", 1)}
+        try:
+            age = now - path.stat().st_mtime
+        except FileNotFoundError:
+            continue
+        if status.get("state") in ("starting", "running", "restarting") and age > stale_after:
+            states[node].update(state="stale", reason=f"status not updated for {age:.0f} s (launcher or host down?)")
     return states
 
 
@@ -54,21 +64,54 @@ def latest_progress(job_dir: Path) -> dict | None:
 
 
 def snapshot(job_dir: Path, nodes: list[str], stale_after: float, final: bool) -> dict:
-    """The job's state; silent nodes fail it only when `final` (the wait is over)."""
+    """The job's state: running, restarting (an attempt failed, restarts are left), succeeded, failed or
+    stopped (STOP: stop.yml asked). Silent nodes fail it only when `final` (the wait is over)."""
     states = node_states(job_dir, nodes, stale_after)
+    config = read_json(job_dir / "job.json") or {}
+    max_restarts = config.get("max_restarts", 0)
     failed = read_json(job_dir / "FAILED")
-    result = {"state": "running", "nodes": {name: s["state"] for name, s in states.items()},
-              "progress": latest_progress(job_dir), "failed_node": None, "reason": "", "changed": False}
-    bad = [name for name, s in states.items()
-           if s["state"] in ("failed", "stopped") or (final and s["state"] in ("missing", "stale"))]
+    attempt = max([s.get("attempt", 1) for s in states.values()] + [(failed or {}).get("attempt", 1)])
+    result = {"state": "running", "nodes": {name: s["state"] for name, s in states.items()}, "attempt": attempt,
+              "max_restarts": max_restarts, "progress": latest_progress(job_dir), "failed_node": None, "reason": "",
+              "changed": False}
+    silent = [name for name, s in states.items() if s["state"] in ("missing", "stale")]
+    bad = [name for name, s in states.items() if s["state"] in ("failed", "stopped")]
+    if final and silent and (max_restarts == 0 or len(silent) == len(states)):
+        bad += silent
     if failed is not None:
-        result.update(state="failed", failed_node=failed.get("node"),
-                      reason=f"{failed.get('process')}: {failed.get('reason')}")
+        result.update(state="failed" if failed.get("attempt", 1) > max_restarts else "restarting",
+                      failed_node=failed.get("node"), reason=f"{failed.get('process')}: {failed.get('reason')}")
+    elif (job_dir / "STOP").exists():
+        result.update(state="stopped", reason="stopped on request (playbooks/stop.yml)")
+    elif any(s["state"] == "restarting" for s in states.values()):
+        result["state"] = "restarting"
     elif bad:
         result.update(state="failed", failed_node=bad[0], reason=f"node {bad[0]}: {states[bad[0]]['reason']}")
     elif all(s["state"] == "succeeded" for s in states.values()):
         result["state"] = "succeeded"
+    result["line"] = progress_line(result, config)
     return result
+
+
+# The figures of an epoch event that the progress line shows, where the task reports them.
+PROGRESS_FIGURES = ("loss", "train_acc", "val_acc", "val_mrr", "val_hits10")
+
+
+def progress_line(result: dict, config: dict) -> str:
+    """One line for people: state, attempt, latest epoch and each node's state."""
+    args = config.get("train_args", [])
+    epochs = args[args.index("--num-epochs") + 1] if "--num-epochs" in args[:-1] else "?"
+    line = result["state"]
+    progress = result["progress"]
+    if progress:
+        figures = " ".join(f"{name} {progress[name]:.4f}" for name in PROGRESS_FIGURES if name in progress)
+        line += (f": epoch {progress['epoch'] + 1}/{epochs} {figures}, {progress['epoch_time']:.1f} s, "
+                 f"{progress['seeds_per_s']:.0f} seeds/s")
+    if result["attempt"] > 1 or result["state"] == "restarting":
+        line += f"; attempt {result['attempt']} of at most {result['max_restarts'] + 1}"
+    if result["reason"] and result["state"] != "succeeded":
+        line += f"; {result['failed_node'] or 'job'}: {result['reason']}"
+    return line + " [" + ", ".join(f"{name} {state}" for name, state in result["nodes"].items()) + "]"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -84,12 +127,12 @@ def run(args: argparse.Namespace) -> int:
     deadline = time.time() + args.wait
     first = snapshot(job_dir, nodes, args.stale_after, final=False)
     current = first
-    while current["state"] == "running" and time.time() < deadline:
+    while current["state"] in ("running", "restarting") and time.time() < deadline:
         time.sleep(min(POLL, max(deadline - time.time(), 0)))
         current = snapshot(job_dir, nodes, args.stale_after, final=False)
         if (current["state"], current["progress"]) != (first["state"], first["progress"]):
             break
-    if current["state"] == "running" and time.time() >= deadline:
+    if current["state"] in ("running", "restarting") and time.time() >= deadline:
         current = snapshot(job_dir, nodes, args.stale_after, final=True)
     emit_result(current)
     return 0

@@ -1,6 +1,8 @@
 """playbooks/train.yml, status.yml and stop.yml on one 3-host test cluster (node1 storage, node2 and node3
 workers), stood up once with site.yml: training across hosts with GraphBolt off and on, the same job again
-(changed=0), a resize to 3 workers and back, a server killed mid-training, and stop.yml on a running job.
+(changed=0), a resize to 3 workers and back, a trainer killed while the controller is away (restart from the
+checkpoint, then a new train.yml attaches), a server killed with no restarts (fails fast), stop.yml during a
+restart, and a worker host that goes down for good.
 
 The tests share the cluster and run in file order: each leaves every host clean for the next.
 """
@@ -10,6 +12,7 @@ import base64
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -225,8 +228,48 @@ def test_shrink_back_to_two_workers(site: Cluster, runs: Path) -> None:
     assert "finished before" in run.output and run.changed_hosts() == [], run.recap
 
 
+def test_a_killed_trainer_restarts_while_the_controller_is_away(site: Cluster, runs: Path) -> None:
+    job = [*JOB[:2], "-e", "dgl_job_epochs=25", *JOB[4:], "-e", "dgl_job_id=e2e-restart", "-e", "dgl_job_poll_seconds=5"]
+    proc = start_train(site, runs, *job)
+    wait_for_epoch(site, "e2e-restart", "node3")
+    # Ctrl-C: the playbook ends promptly, says how to come back, and the job runs on.
+    proc.send_signal(signal.SIGINT)
+    interrupted = time.time()
+    output = finish(proc, timeout=60)
+    print(f"train.yml ended {time.time() - interrupted:.1f} s after SIGINT")
+    assert "Run train.yml again with the same settings to attach" in flat(output), output[-3000:]
+    assert site.ssh("node2", "systemctl is-active dglkit-job").stdout.strip() == "active"
+    # A trainer dies after a checkpoint: the launchers restart the job from it, with no controller.
+    job_dir = site.workspace / "jobs" / "e2e-restart"
+    deadline = time.time() + 120
+    while not (job_dir / "checkpoint.pt").exists():
+        assert time.time() < deadline, "no checkpoint within 120 s"
+        time.sleep(0.5)
+    status = json.loads((job_dir / "nodes/node3/status.json").read_text())
+    torchrun = next(p["pid"] for p in status["processes"] if p["name"] == "trainers")
+    site.ssh("node3", f"pkill -9 -P {torchrun}")
+    # A new controller attaches to the running job and waits for it.
+    run = train(site, runs, *job)
+    assert "is running already: attaching" in run.output, run.output[-3000:]
+    folder = run_folder(run.output)
+    failed = json.loads((folder / "attempts/1/FAILED").read_text())
+    assert failed["node"] == "node3" and failed["process"].startswith("trainer"), failed
+    for node in ("node2", "node3"):
+        assert (folder / "attempts/1/nodes" / node / "launcher.log").stat().st_size > 0
+        assert json.loads((folder / "nodes" / node / "status.json").read_text())["attempt"] == 2
+    metrics = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    assert [m["epoch"] for m in metrics if m["event"] == "epoch"] == list(range(25))
+    assert any(m["event"] == "resume" for m in metrics)
+    # In line with the uninterrupted 3-epoch job of the first test (val_acc > 0.5 there), with 25 epochs.
+    result = json.loads((folder / "result.json").read_text())
+    assert result["val_acc"] > 0.5 and result["test_acc"] > 0.5, result
+    assert "restart         attempt 1 failed on node3" in (folder / "summary.txt").read_text()
+    assert_clean(site)
+
+
 def test_a_killed_server_fails_the_job_naming_its_host(site: Cluster, runs: Path) -> None:
-    proc = start_train(site, runs, *ENDLESS, "-e", "dgl_job_id=e2e-fault")
+    # No restarts: the first failure ends the job on every node within seconds, as without the restart logic.
+    proc = start_train(site, runs, *ENDLESS, "-e", "dgl_job_id=e2e-fault", "-e", "dgl_job_max_restarts=0")
     status = wait_for_epoch(site, "e2e-fault", "node3")
     server = next(p["pid"] for p in status["processes"] if p["name"] == "server-0")
     site.ssh("node3", f"kill -9 {server}")
@@ -240,7 +283,7 @@ def test_a_killed_server_fails_the_job_naming_its_host(site: Cluster, runs: Path
     assert_clean(site)
 
 
-def test_stop_stops_a_running_job_everywhere(site: Cluster, runs: Path) -> None:
+def test_stop_during_a_restart_stops_everything(site: Cluster, runs: Path) -> None:
     # With limits, which the test hosts accept but do not enforce (no delegated memory controller).
     proc = start_train(site, runs, *ENDLESS, "-e", "dgl_job_id=e2e-stop", "-e", "dgl_job_memory_max=6G",
                        "-e", "dgl_job_cpu_quota=150%")
@@ -256,11 +299,33 @@ def test_stop_stops_a_running_job_everywhere(site: Cluster, runs: Path) -> None:
         denied = site.ssh(host, attempt, check=False)
         assert denied.returncode != 0 and "Read-only file system" in denied.stderr, (host, denied.stderr)
         site.ssh(host, attempt.replace("/srv/dglkit/datasets", "/srv/dglkit/jobs/e2e-stop") + " && rm /srv/dglkit/jobs/e2e-stop/x")
-    status = site.playbook("playbooks/status.yml")
-    assert flat(status.output).count("dglkit job e2e-stop: active") == 2, status.output[-3000:]
+    status_run = site.playbook("playbooks/status.yml")
+    assert flat(status_run.output).count("dglkit job e2e-stop: active") == 2, status_run.output[-3000:]
+    status = wait_for_epoch(site, "e2e-stop", "node3")
+    server = next(p["pid"] for p in status["processes"] if p["name"] == "server-0")
+    site.ssh("node3", f"kill -9 {server}")
+    # Stop once the launchers are on their second attempt, before it trains.
+    job_dir = site.workspace / "jobs" / "e2e-stop"
+    deadline = time.time() + 120
+    while json.loads((job_dir / "nodes/node2/status.json").read_text()).get("attempt") != 2:
+        assert time.time() < deadline, "no second attempt within 120 s"
+        time.sleep(0.2)
     stop = site.playbook("playbooks/stop.yml")
     assert stop.changed_hosts() == workers(site), stop.recap
     output = finish(proc, timeout=180)
-    assert proc.returncode != 0 and "job e2e-stop failed on" in flat(output) and "SIGTERM" in output, output[-4000:]
+    assert proc.returncode != 0 and "job e2e-stop was stopped on request" in flat(output), output[-4000:]
     assert_clean(site)
     assert site.playbook("playbooks/stop.yml").changed_hosts() == []
+
+
+def test_a_worker_host_that_stays_down_fails_the_job_naming_it(site: Cluster, runs: Path) -> None:
+    """Last: the host does not come back (the test hosts cannot reboot and keep their disk)."""
+    proc = start_train(site, runs, *ENDLESS, "-e", "dgl_job_id=e2e-down", "-e", "dgl_job_max_restarts=1",
+                       "-e", "dgl_job_stale_after=15", "-e", "dgl_job_restart_wait=15")
+    wait_for_epoch(site, "e2e-down", "node3")
+    site.remove("node3")
+    gone = time.time()
+    output = finish(proc, timeout=300)
+    print(f"train.yml ended {time.time() - gone:.0f} s after node3 went down")
+    assert proc.returncode != 0, output[-4000:]
+    assert re.search(r"failed: .*node3 did not come back within 15 s; attempt 2 of at most 2", flat(output)), output[-4000:]

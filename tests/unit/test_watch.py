@@ -30,15 +30,30 @@ def copy_job(job_dir, tmp_path):
 def test_a_node_whose_status_went_stale_fails_the_job(cli, finished_local_job, tmp_path):
     job_dir = copy_job(finished_local_job, tmp_path)
     status = json.loads((job_dir / "nodes/node0/status.json").read_text())
-    # node1's launcher last wrote "running" 100 s ago: it died, or its host went down.
+    # node1's launcher last wrote "running" 100 s ago (by the shared filesystem's clock): it died, or its
+    # host went down.
     (job_dir / "nodes/node1").mkdir()
     (job_dir / "nodes/node1/status.json").write_text(json.dumps(
-        {**status, "node": "node1", "state": "running", "updated": time.time() - 100}))
+        {**status, "node": "node1", "state": "running", "updated": time.time()}))
+    os.utime(job_dir / "nodes/node1/status.json", (time.time() - 100, time.time() - 100))
     code, result, _ = cli("watch", "--job-dir", job_dir, "--stale-after", 30)
     assert code == 0 and result["state"] == "failed" and result["failed_node"] == "node1"
     assert result["nodes"] == {"node0": "succeeded", "node1": "stale"} and "not updated for" in result["reason"]
     code, result, _ = cli("watch", "--job-dir", job_dir, "--stale-after", 300)
     assert result["state"] == "running" and result["nodes"]["node1"] == "running"
+
+
+def test_a_node_whose_clock_is_off_is_not_stale(cli, finished_local_job, tmp_path):
+    """Its own clock says it wrote its status 10 minutes ago (or ahead): only the file's time on the shared
+    filesystem counts. (nspawn test hosts share the kernel's clock, so a real skewed host cannot be made there.)"""
+    job_dir = copy_job(finished_local_job, tmp_path)
+    status = json.loads((job_dir / "nodes/node0/status.json").read_text())
+    for name, skew in (("behind", -600), ("ahead", 600)):
+        (job_dir / "nodes" / name).mkdir()
+        (job_dir / "nodes" / name / "status.json").write_text(json.dumps(
+            {**status, "node": name, "state": "running", "updated": time.time() + skew}))
+    code, result, _ = cli("watch", "--job-dir", job_dir, "--nodes", "behind,ahead", "--stale-after", 30)
+    assert result["state"] == "running" and result["nodes"] == {"behind": "running", "ahead": "running"}, result
 
 
 def test_a_node_without_status_after_the_wait_fails_the_job(cli, finished_local_job, tmp_path):

@@ -1,0 +1,142 @@
+"""Checkpoints, heartbeats and automatic restarts of `dglkit launch` with real DGL servers and trainers."""
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from localjob import assert_job_gone, start_local_job
+from dglkit.common import read_json
+from dglkit.launch import HeartbeatWatch
+
+
+def start_restartable_job(job_dir: Path, part_config: Path, epochs: int):
+    """A --local job with one restart allowed: (launcher, ports, /dev/shm before)."""
+    shm_before = set(os.listdir("/dev/shm"))
+    launch, ports = start_local_job(job_dir, part_config, "n1", "--max-restarts", 1, "--grace", 5, "--restart-wait", 30,
+                                    train_args=["--num-epochs", str(epochs), "--batch-size", "200", "--lr", "0.01",
+                                                "--num-hidden", "16", "--log-every", "5"])
+    return launch, ports, shm_before
+
+
+def epochs_done(job_dir: Path) -> int:
+    try:
+        lines = (job_dir / "metrics.jsonl").read_text().splitlines()
+    except OSError:
+        return 0
+    return sum('"event": "epoch"' in line for line in lines)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_killed_trainer_restarts_from_the_checkpoint_and_completes(partition_1, tmp_path):
+    job_dir = tmp_path / "job"
+    # Long enough to kill a trainer after a checkpoint and before the end.
+    launch, ports, shm_before = start_restartable_job(job_dir, partition_1, 12)
+    deadline = time.time() + 480
+    while epochs_done(job_dir) < 3:
+        assert launch.poll() is None and time.time() < deadline, (job_dir / "launch.out").read_text()[-3000:]
+        time.sleep(0.3)
+    status = json.loads((job_dir / "nodes/n1/status.json").read_text())
+    torchrun = next(p["pid"] for p in status["processes"] if p["name"] == "trainers")
+    victim = next(p for p in psutil.Process(torchrun).children() if p.environ().get("RANK") == "1")
+    victim.kill()
+
+    assert launch.wait(timeout=600) == 0, (job_dir / "launch.out").read_text()[-3000:]
+    # The first attempt's failure and logs are kept apart from the second's.
+    failed = json.loads((job_dir / "attempts/1/FAILED").read_text())
+    assert failed["attempt"] == 1 and failed["process"] == "trainer-1" and failed["exit_code"] == -9
+    assert "exited with signal SIGKILL" in (job_dir / "attempts/1/nodes/n1/launcher.log").read_text()
+    assert (job_dir / "attempts/1/nodes/n1/trainer-1.log").is_file() and (job_dir / "nodes/n1/trainer-1.log").is_file()
+    assert "resumed from" in (job_dir / "nodes/n1/trainer-0.log").read_text()
+    assert not (job_dir / "FAILED").exists()
+    status = json.loads((job_dir / "nodes/n1/status.json").read_text())
+    assert status["state"] == "succeeded" and status["attempt"] == 2
+    # The curves continue: every epoch once, in order, a resume record where the second attempt began.
+    metrics = [json.loads(line) for line in (job_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [m["epoch"] for m in metrics if m["event"] == "epoch"] == list(range(12))
+    resume = next(m for m in metrics if m["event"] == "resume")
+    assert 3 <= resume["epoch"] < 12
+    assert metrics[-1]["event"] == "test" and metrics[-1]["test_acc"] > 0.6
+    assert_job_gone(job_dir, ports, shm_before)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_restarts_run_out_and_fail_the_job(partition_1, tmp_path):
+    job_dir = tmp_path / "job"
+    launch, ports, shm_before = start_restartable_job(job_dir, partition_1, 500)
+    for attempt in (1, 2):
+        deadline = time.time() + 480
+        while True:
+            status = read_json(job_dir / "nodes/n1/status.json") or {}
+            if status.get("attempt") == attempt and status["state"] == "running" and epochs_done(job_dir):
+                break
+            assert launch.poll() is None and time.time() < deadline, (job_dir / "launch.out").read_text()[-3000:]
+            time.sleep(0.3)
+        server = next(p["pid"] for p in status["processes"] if p["name"] == "server-0")
+        os.kill(server, signal.SIGKILL)
+    assert launch.wait(timeout=300) == 1
+    failed = json.loads((job_dir / "FAILED").read_text())
+    assert failed["attempt"] == 2 and failed["process"] == "server-0"
+    assert json.loads((job_dir / "attempts/1/FAILED").read_text())["attempt"] == 1
+    assert "no restarts left" in json.loads((job_dir / "nodes/n1/status.json").read_text())["reason"]
+    assert_job_gone(job_dir, ports, shm_before)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_launcher_started_again_mid_attempt_restarts_the_job(partition_1, tmp_path):
+    """What a host does when it comes back from a reboot: its launcher finds its own status in the middle of
+    the attempt, fails that attempt and the job resumes from its checkpoint."""
+    job_dir = tmp_path / "job"
+    launch, ports, shm_before = start_restartable_job(job_dir, partition_1, 12)
+    deadline = time.time() + 480
+    while not (job_dir / "checkpoint.pt").exists() or epochs_done(job_dir) < 3:
+        assert launch.poll() is None and time.time() < deadline, (job_dir / "launch.out").read_text()[-3000:]
+        time.sleep(0.3)
+    launch.kill()  # its servers and torchrun get SIGTERM from the kernel (PR_SET_PDEATHSIG)
+    launch.wait()
+    deadline = time.time() + 60
+    while any(p.status() != psutil.STATUS_ZOMBIE for p in psutil.process_iter()
+              if safe_environ(p).get("DGL_IP_CONFIG", "").startswith(str(job_dir))):
+        assert time.time() < deadline, "the killed launcher's processes did not exit"
+        time.sleep(0.5)
+
+    again, more_ports, _ = start_restartable_job(job_dir, partition_1, 12)
+    assert again.wait(timeout=600) == 0, (job_dir / "launch.out").read_text()[-3000:]
+    failed = json.loads((job_dir / "attempts/1/FAILED").read_text())
+    assert failed["process"] == "launcher" and "started again during attempt 1" in failed["reason"]
+    metrics = [json.loads(line) for line in (job_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [m["epoch"] for m in metrics if m["event"] == "epoch"] == list(range(12))
+    assert any(m["event"] == "resume" and m["epoch"] >= 3 for m in metrics)
+    # Started once more after the end, it does nothing.
+    last, last_ports, _ = start_restartable_job(job_dir, partition_1, 12)
+    assert last.wait(timeout=60) == 0 and "succeeded" in (job_dir / "launch.out").read_text()
+    assert json.loads((job_dir / "nodes/n1/status.json").read_text())["attempt"] == 2
+    assert_job_gone(job_dir, ports + more_ports + last_ports, shm_before)
+
+
+def safe_environ(proc: psutil.Process) -> dict:
+    try:
+        return proc.environ()
+    except psutil.Error:
+        return {}
+
+
+def test_heartbeats_are_judged_by_the_launchers_clock(tmp_path):
+    """The counter's content matters, never a time written by the program or a file's time."""
+    watch = HeartbeatWatch(tmp_path)
+    assert watch.stalled(0.2) is None  # no heartbeat: never stalled
+    beat = tmp_path / "heartbeat-0"
+    beat.write_text("1\n")
+    os.utime(beat, (0, 0))  # a writer whose clock is decades off
+    assert watch.stalled(0.2) is None
+    time.sleep(0.3)
+    assert watch.stalled(0.2) == beat
+    beat.write_text("2\n")
+    assert watch.stalled(0.2) is None
