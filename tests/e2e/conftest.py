@@ -6,6 +6,7 @@ set DGLKIT_KEEP_CLUSTERS=1 to keep them for debugging (`testcluster.py status` l
 """
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import os
@@ -31,6 +32,29 @@ BIN = Path(sys.executable).parent
 # Venvs that site.yml built, kept for later clusters of the same pins (tests/e2e/conftest.py, Cluster.stand_up).
 VENV_SEEDS = Path("/var/cache/dglkit/venv-seed")
 RECAP_RE = re.compile(r"^(\S+)\s+:\s+((?:\w+=\d+\s*)+)$", re.M)
+
+
+# One host-side look for leftovers of a job (Cluster.leftovers): processes, ports, /dev/shm, the unit.
+LEFTOVERS = r"""
+import json, os, subprocess
+procs = []
+for pid in filter(str.isdigit, os.listdir('/proc')):
+    try:
+        cmd = open('/proc/%s/cmdline' % pid, 'rb').read().replace(b'\0', b' ').decode()
+    except OSError:
+        continue
+    if 'dglkit' in cmd and pid != str(os.getpid()):
+        procs.append(cmd[:120])
+ports = set()
+for table in ('/proc/net/tcp', '/proc/net/tcp6'):
+    for line in open(table).read().splitlines()[1:]:
+        fields = line.split()
+        if fields[3] == '0A':
+            ports.add(int(fields[1].rsplit(':', 1)[1], 16))
+unit = subprocess.run(['systemctl', 'is-active', 'dglkit-job'], capture_output=True, text=True).stdout.strip()
+print(json.dumps({'procs': procs, 'ports': sorted(ports & {29500, 30050}), 'shm': os.listdir('/dev/shm'), 'unit': unit}))
+"""
+CLEAN = {"procs": [], "ports": [], "shm": [], "unit": "inactive"}
 
 
 # Per test, its share of module fixtures included (a cluster and site.yml take minutes under load).
@@ -113,15 +137,23 @@ class Cluster:
         groups = inventory["all"]["children"]["cluster"]["children"]
         return {g: {h: v["ansible_host"] for h, v in groups[g]["hosts"].items()} for g in groups}
 
+    def cluster_addresses(self) -> dict[str, str]:
+        """Every host -> its address on the cluster network (dglkit_cluster_address, else ansible_host)."""
+        inventory = yaml.safe_load((self.inventory / "hosts.yml").read_text())
+        groups = inventory["all"]["children"]["cluster"]["children"]
+        return {h: v.get("dglkit_cluster_address", v["ansible_host"])
+                for g in ("storage", "workers") for h, v in groups[g]["hosts"].items()}
+
     def hosts(self) -> dict[str, str]:
         """Every host -> its address, storage host first."""
         groups = self.groups()
         return {**groups["storage"], **groups["workers"]}
 
-    def up(self, hosts: int, storage_is_worker: bool = False) -> None:
-        """Start the cluster, or grow it to `hosts` hosts."""
+    def up(self, hosts: int, storage_is_worker: bool = False, cluster_network: bool = False) -> None:
+        """Start the cluster, or grow it to `hosts` hosts (a second network, once chosen, stays)."""
         testcluster("up", "--name", self.name, "--hosts", str(hosts),
-                    *(["--storage-is-worker"] if storage_is_worker else []))
+                    *(["--storage-is-worker"] if storage_is_worker else []),
+                    *(["--cluster-network"] if cluster_network else []))
 
     def remove(self, host: str) -> None:
         testcluster("down", "--name", self.name, "--host", host)
@@ -163,6 +195,13 @@ class Cluster:
                               env={**os.environ, "ANSIBLE_NOCOLOR": "1"}, capture_output=True, text=True,
                               timeout=timeout)
 
+    def leftovers(self, host: str) -> dict:
+        """What a job left on a host, {} when nothing: dglkit processes, listening DGL/rendezvous ports,
+        /dev/shm files, an active job unit."""
+        script = base64.b64encode(LEFTOVERS.encode()).decode()
+        found = json.loads(self.ssh(host, f"python3 -c 'import base64; exec(base64.b64decode(\"{script}\"))'").stdout)
+        return {key: value for key, value in found.items() if value != CLEAN[key]}
+
     def ssh(self, host: str, command: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
         """Run a shell command on a host as root, with the SSH settings Ansible uses (verified host keys)."""
         proc = subprocess.run(["ssh", "-F", str(self.dir / "ssh/config"), host, command],
@@ -183,14 +222,15 @@ def copy_venv(src: Path, dest: Path) -> None:
 
 @pytest.fixture(scope="module")
 def cluster_factory() -> Iterator[Callable[..., Cluster]]:
-    """make(name, hosts, storage_is_worker=False) starts a cluster that lives until the module ends."""
+    """make(name, hosts, storage_is_worker=False, cluster_network=False) starts a cluster that lives until the
+    module ends; cluster_network: node-to-node traffic on a second network (dglkit_cluster_address)."""
     if os.geteuid() != 0:
         pytest.skip("test clusters need root")
     made: list[Cluster] = []
 
-    def make(name: str, hosts: int, storage_is_worker: bool = False) -> Cluster:
+    def make(name: str, hosts: int, storage_is_worker: bool = False, cluster_network: bool = False) -> Cluster:
         cluster = Cluster((PREFIX + name)[:24].rstrip("-"))
-        cluster.up(hosts, storage_is_worker)
+        cluster.up(hosts, storage_is_worker, cluster_network)
         made.append(cluster)
         return cluster
 
