@@ -21,6 +21,8 @@ from typing import Callable, Iterator
 import pytest
 import yaml
 
+from jobhelpers import CLEAN, LEFTOVERS
+
 REPO = Path(__file__).resolve().parents[2]
 TESTCLUSTER = REPO / "tests" / "cluster" / "testcluster.py"
 STATE = Path("/var/lib/dglkit-testcluster")
@@ -32,29 +34,6 @@ BIN = Path(sys.executable).parent
 # Venvs that site.yml built, kept for later clusters of the same pins (tests/e2e/conftest.py, Cluster.stand_up).
 VENV_SEEDS = Path("/var/cache/dglkit/venv-seed")
 RECAP_RE = re.compile(r"^(\S+)\s+:\s+((?:\w+=\d+\s*)+)$", re.M)
-
-
-# One host-side look for leftovers of a job (Cluster.leftovers): processes, ports, /dev/shm, the unit.
-LEFTOVERS = r"""
-import json, os, subprocess
-procs = []
-for pid in filter(str.isdigit, os.listdir('/proc')):
-    try:
-        cmd = open('/proc/%s/cmdline' % pid, 'rb').read().replace(b'\0', b' ').decode()
-    except OSError:
-        continue
-    if 'dglkit' in cmd and pid != str(os.getpid()):
-        procs.append(cmd[:120])
-ports = set()
-for table in ('/proc/net/tcp', '/proc/net/tcp6'):
-    for line in open(table).read().splitlines()[1:]:
-        fields = line.split()
-        if fields[3] == '0A':
-            ports.add(int(fields[1].rsplit(':', 1)[1], 16))
-unit = subprocess.run(['systemctl', 'is-active', 'dglkit-job'], capture_output=True, text=True).stdout.strip()
-print(json.dumps({'procs': procs, 'ports': sorted(ports & {29500, 30050}), 'shm': os.listdir('/dev/shm'), 'unit': unit}))
-"""
-CLEAN = {"procs": [], "ports": [], "shm": [], "unit": "inactive"}
 
 
 # Per test, its share of module fixtures included (a cluster and site.yml take minutes under load).
@@ -163,6 +142,14 @@ class Cluster:
 
     def playbook(self, playbook: str, *args: str, check: bool = True, timeout: float = 1200) -> PlaybookRun:
         return ansible_playbook(self.inventory, playbook, *args, check=check, timeout=timeout)
+
+    def start_playbook(self, playbook: str, *args: str) -> subprocess.Popen:
+        """ansible-playbook in the background, in a session of its own (so that a test can SIGKILL it and every
+        process it forked with os.killpg); stdout and stderr in one pipe."""
+        return subprocess.Popen([str(BIN / "ansible-playbook"), "-i", str(self.inventory), playbook, *args],
+                                cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True,
+                                env={**os.environ, "ANSIBLE_NOCOLOR": "1", "ANSIBLE_FORCE_COLOR": "0"})
 
     def stand_up(self, *args: str) -> PlaybookRun:
         """site.yml, starting from the venv that an earlier cluster's site.yml built for the same pins and host

@@ -14,7 +14,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator
@@ -22,11 +21,11 @@ from typing import TYPE_CHECKING, Callable, Iterator
 import numpy as np
 import pytest
 
+from jobhelpers import flat, run_folder
+
 if TYPE_CHECKING:
     from conftest import Cluster, PlaybookRun
 
-REPO = Path(__file__).resolve().parents[2]
-BIN = Path(sys.executable).parent
 WORKSPACE = "/srv/dglkit"
 # Fail-fast means fail-fast: no restart may hide the failure (the longjobs branch adds restarts).
 NO_RESTARTS = ["-e", "dgl_job_max_restarts=0"]
@@ -75,23 +74,9 @@ def train(cluster: Cluster, runs: Path, *args: str, check: bool = True) -> Playb
 
 
 def start_train(cluster: Cluster, runs: Path, *args: str) -> subprocess.Popen:
-    cmd = [str(BIN / "ansible-playbook"), "-i", str(cluster.inventory), "playbooks/train.yml",
-           "-e", f"dgl_job_run_dir={runs}", *args]
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True,
-                            env={**os.environ, "ANSIBLE_NOCOLOR": "1", "ANSIBLE_FORCE_COLOR": "0"})
+    proc = cluster.start_playbook("playbooks/train.yml", "-e", f"dgl_job_run_dir={runs}", *args)
     BACKGROUND.append(proc)
     return proc
-
-
-def flat(output: str) -> str:
-    return " ".join(output.split())
-
-
-def run_folder(output: str) -> Path:
-    found = re.search(r"run folder: (/[^\s']+)", flat(output))
-    assert found, output[-3000:]
-    return Path(found.group(1))
 
 
 def workers(cluster: Cluster) -> list[str]:
