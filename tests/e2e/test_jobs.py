@@ -204,6 +204,8 @@ def test_files_dataset_trains_and_force_runs_a_finished_job_again(site: Cluster,
 def test_ogbn_dataset_from_pre_placed_files_with_no_route_out(site: Cluster, runs: Path) -> None:
     # The hosts have no route out (tests/e2e/test_harness.py checks it): a download attempt would fail.
     write_ogbn_products(site.workspace / "ogb" / "ogbn_products", small_graph())
+    # ogb writes its processed/ copy next to the files: they belong to the job account, as datasets/ does.
+    site.ssh("node1", f"chown -R --reference={WORKSPACE}/datasets {WORKSPACE}/ogb")
     run = train(site, runs, "-e", "dgl_job_dataset=ogbn-products", "-e", "dgl_job_epochs=3",
                 "-e", "dgl_job_batch_size=100")
     folder = run_folder(run.output)
@@ -333,7 +335,8 @@ def test_resize_renders_ip_config_in_order_and_old_nodes_trust_the_new_one(site:
         assert (site.workspace / "ip_config.txt").read_text().splitlines() == ip_config_of_workers(site)
         for old in ("node1", "node2", "node3"):
             for target in ("node4", site.cluster_addresses()["node4"]):
-                out = site.ssh(old, f"ssh -o BatchMode=yes -o StrictHostKeyChecking=yes "
+                # As the job account, whose SSH mesh it is (docs/design.md, "Who runs what").
+                out = site.ssh(old, f"runuser -u dglkit -- ssh -o BatchMode=yes -o StrictHostKeyChecking=yes "
                                     f"-o UserKnownHostsFile=/dev/null {target} hostname").stdout.strip()
                 assert out == "node4", (old, target, out)
         assert site.playbook("playbooks/preflight.yml").failed_hosts() == []

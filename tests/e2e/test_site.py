@@ -24,7 +24,7 @@ USER, UID = "dglkit", 30050  # the job account and its default ids
 
 # Where site.yml writes on a host; empty output means a fresh host.
 WRITTEN = (f"ls -A {WORKSPACE}; ls -d /etc/ssh/dglkit_known_hosts /etc/ssh/ssh_config.d/dglkit.conf /etc/dglkit "
-           "/var/lib/dglkit /opt/dglkit 2>/dev/null; true")
+           f"/var/lib/dglkit /opt/dglkit 2>/dev/null; getent passwd {USER}; true")
 
 
 @pytest.fixture(scope="module")
