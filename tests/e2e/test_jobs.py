@@ -94,10 +94,13 @@ def assert_clean(cluster: Cluster) -> None:
         assert cluster.leftovers(host) == {}, host
 
 
-def wait_for_epoch(cluster: Cluster, job_id: str, timeout: float = 600) -> None:
+def wait_for_epoch(cluster: Cluster, job_id: str, playbook: subprocess.Popen, timeout: float = 600) -> None:
+    """Until the job's rank 0 has logged an epoch; fails at once, with its output, if train.yml ended first."""
     metrics = cluster.workspace / "jobs" / job_id / "metrics.jsonl"
     deadline = time.time() + timeout
     while time.time() < deadline:
+        if playbook.poll() is not None:
+            pytest.fail(f"train.yml ended before job {job_id} logged an epoch:\n{playbook.communicate()[0][-4000:]}")
         if metrics.exists() and '"event": "epoch"' in metrics.read_text():
             return
         time.sleep(1)
@@ -226,7 +229,7 @@ def fail_without_controller(site: Cluster, runs: Path, job_id: str, node: str, p
     (server-0, or the first trainer) on `node` and wait until no worker has anything of the job left.
     Returns the job's FAILED record."""
     proc = start_train(site, runs, *ENDLESS, "-e", f"dgl_job_id={job_id}")
-    wait_for_epoch(site, job_id)
+    wait_for_epoch(site, job_id, proc)
     # While it runs, preflight.yml names the running job on every worker.
     preflight = site.playbook("playbooks/preflight.yml", check=False)
     assert preflight.failed_hosts() == workers(site), preflight.recap
@@ -272,7 +275,7 @@ def test_a_killed_trainer_stops_every_node_without_the_controller(site: Cluster,
 
 def test_the_failure_message_names_node_process_and_the_end_of_its_log(site: Cluster, runs: Path) -> None:
     proc = start_train(site, runs, *ENDLESS, "-e", "dgl_job_id=clm-message")
-    wait_for_epoch(site, "clm-message")
+    wait_for_epoch(site, "clm-message", proc)
     server = next(p["pid"] for p in status(site, "clm-message", "node3")["processes"] if p["name"] == "server-0")
     site.ssh("node3", f"kill -9 {server}")
     output, _ = proc.communicate(timeout=300)
