@@ -1,7 +1,7 @@
 """A cluster of real Debian hosts on this machine: systemd-nspawn containers booting systemd and sshd.
 
     python3 tests/cluster/testcluster.py stage
-    python3 tests/cluster/testcluster.py up --name NAME --hosts 3 [--storage-is-worker]
+    python3 tests/cluster/testcluster.py up --name NAME --hosts 3 [--storage-is-worker] [--cluster-network]
     python3 tests/cluster/testcluster.py down --name NAME [--host node3] | down --all
     python3 tests/cluster/testcluster.py status
 
@@ -95,6 +95,12 @@ def host_ip(state: dict, host: str) -> str:
     return f"10.77.{state['subnet']}.{10 + host_num(host)}"
 
 
+def cluster_ip(state: dict, host: str) -> str | None:
+    """With --cluster-network, the host's address on the second network (eth1, 10.77.<k>.128/25), which the
+    inventory gives as dglkit_cluster_address; the controller keeps reaching the host on eth0."""
+    return f"10.77.{state['subnet']}.{130 + host_num(host)}" if state.get("cluster_network") else None
+
+
 def list_clusters() -> list[str]:
     names = {p.name for p in STATE.iterdir() if p.is_dir()} if STATE.is_dir() else set()
     for ns in sh("ip", "netns", "list").stdout.split():
@@ -122,6 +128,9 @@ def create_network(state: dict) -> None:
     sh("ip", "-n", br, "link", "set", "lo", "up")
     sh("ip", "-n", br, "link", "add", "br0", "type", "bridge")
     sh("ip", "-n", br, "link", "set", "br0", "up")
+    if state.get("cluster_network"):
+        sh("ip", "-n", br, "link", "add", "br1", "type", "bridge")
+        sh("ip", "-n", br, "link", "set", "br1", "up")
     sh("ip", "link", "add", state["controller_if"], "type", "veth", "peer", "name", "ctl", "netns", br)
     sh("ip", "-n", br, "link", "set", "ctl", "master", "br0", "up")
     sh("ip", "addr", "add", f"10.77.{k}.1/24", "dev", state["controller_if"])
@@ -150,6 +159,13 @@ def start_host(state: dict, host: str, stage: dict[str, Path]) -> None:
     sh("ip", "-n", netns(name, "br"), "link", "set", host, "master", "br0", "up")
     sh("ip", "-n", ns, "addr", "add", f"{host_ip(state, host)}/24", "dev", "eth0")
     sh("ip", "-n", ns, "link", "set", "eth0", "up")
+    if cluster_ip(state, host):
+        # The /25 is more specific than eth0's /24: traffic between cluster addresses takes eth1.
+        sh("ip", "link", "add", "eth1", "netns", ns, "type", "veth", "peer", "name", f"{host}c",
+           "netns", netns(name, "br"))
+        sh("ip", "-n", netns(name, "br"), "link", "set", f"{host}c", "master", "br1", "up")
+        sh("ip", "-n", ns, "addr", "add", f"{cluster_ip(state, host)}/25", "dev", "eth1")
+        sh("ip", "-n", ns, "link", "set", "eth1", "up")
 
     groups = cgroups(name, host)
     for group in groups:
@@ -214,7 +230,9 @@ def write_access(state: dict) -> None:
 
     workers = hosts if state["storage_is_worker"] else hosts[1:]
     def group(members: list[str]) -> str:
-        return "".join(f"            {h}:\n              ansible_host: {host_ip(state, h)}\n" for h in members)
+        return "".join(f"            {h}:\n              ansible_host: {host_ip(state, h)}\n"
+                       + (f"              dglkit_cluster_address: {cluster_ip(state, h)}\n" if cluster_ip(state, h) else "")
+                       for h in members)
     inventory = cdir / "inventory"
     (inventory / "group_vars/all").mkdir(parents=True, exist_ok=True)
     (inventory / "hosts.yml").write_text(
@@ -247,7 +265,7 @@ def raise_inotify_limit(minimum: int = 1024) -> None:
         limit.write_text(str(minimum))
 
 
-def up(name: str, count: int, storage_is_worker: bool, timeout: float) -> None:
+def up(name: str, count: int, storage_is_worker: bool, timeout: float, cluster_network: bool = False) -> None:
     stage = staging.stage()
     raise_inotify_limit()
     state = load_state(name)
@@ -256,6 +274,8 @@ def up(name: str, count: int, storage_is_worker: bool, timeout: float) -> None:
         state = None
     if state is None and name in list_clusters():
         down(name)
+    if state and cluster_network and not state.get("cluster_network"):
+        fail(f"cluster {name} was started without --cluster-network; take it down first")
     if state and len(state["hosts"]) > count:
         fail(f"cluster {name} has {len(state['hosts'])} hosts; remove hosts with: down --name {name} --host nodeK")
     start = time.monotonic()
@@ -267,7 +287,8 @@ def up(name: str, count: int, storage_is_worker: bool, timeout: float) -> None:
            "-f", str(cdir / "ssh/id_ed25519"))
         k = free_subnet(name)
         # Written before anything is created, so `down` can find all of it after a crash.
-        state = {"name": name, "subnet": k, "controller_if": f"dglkit{k}", "hosts": []}
+        state = {"name": name, "subnet": k, "controller_if": f"dglkit{k}", "hosts": [],
+                 "cluster_network": cluster_network}
         save_state(state)
         create_network(state)
     state["storage_is_worker"] = storage_is_worker
@@ -374,7 +395,8 @@ def status() -> None:
         print(f"{name}: 10.77.{state['subnet']}.0/24, inventory {cluster_dir(name) / 'inventory'}, "
               f"ssh -F {cluster_dir(name) / 'ssh/config'} <host>")
         for host in sorted(state["hosts"], key=host_num):
-            print(f"  {host} {host_ip(state, host)} {'running' if nspawn_pid(name, host) else 'NOT RUNNING'}")
+            print(f"  {host} {host_ip(state, host)}{' cluster ' + cluster_ip(state, host) if cluster_ip(state, host) else ''} "
+                  f"{'running' if nspawn_pid(name, host) else 'NOT RUNNING'}")
 
 
 def main() -> None:
@@ -385,6 +407,9 @@ def main() -> None:
     p_up.add_argument("--name", required=True)
     p_up.add_argument("--hosts", type=int, required=True, help="number of hosts: node1 (storage) .. nodeN")
     p_up.add_argument("--storage-is-worker", action="store_true", help="list node1 in workers too")
+    p_up.add_argument("--cluster-network", action="store_true",
+                      help="a second network (eth1 on its own bridge) for node-to-node traffic; the inventory sets "
+                           "dglkit_cluster_address to it (kept when the cluster grows)")
     p_up.add_argument("--timeout", type=float, default=120, help="seconds to wait for every sshd")
     p_down = sub.add_parser("down", help="stop a cluster (or one host) and remove everything it made")
     which = p_down.add_mutually_exclusive_group(required=True)
@@ -409,7 +434,7 @@ def main() -> None:
     elif args.command == "up":
         if not 1 <= args.hosts <= 50:
             fail(f"--hosts {args.hosts}: give a number of hosts from 1 to 50")
-        up(args.name, args.hosts, args.storage_is_worker, args.timeout)
+        up(args.name, args.hosts, args.storage_is_worker, args.timeout, args.cluster_network)
     elif args.command == "down":
         if args.host and args.all:
             fail("--host needs --name, not --all")

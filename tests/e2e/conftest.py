@@ -6,6 +6,7 @@ set DGLKIT_KEEP_CLUSTERS=1 to keep them for debugging (`testcluster.py status` l
 """
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import os
@@ -19,6 +20,8 @@ from typing import Callable, Iterator
 
 import pytest
 import yaml
+
+from jobhelpers import CLEAN, LEFTOVERS
 
 REPO = Path(__file__).resolve().parents[2]
 TESTCLUSTER = REPO / "tests" / "cluster" / "testcluster.py"
@@ -117,15 +120,23 @@ class Cluster:
         groups = inventory["all"]["children"]["cluster"]["children"]
         return {g: {h: v["ansible_host"] for h, v in groups[g]["hosts"].items()} for g in groups}
 
+    def cluster_addresses(self) -> dict[str, str]:
+        """Every host -> its address on the cluster network (dglkit_cluster_address, else ansible_host)."""
+        inventory = yaml.safe_load((self.inventory / "hosts.yml").read_text())
+        groups = inventory["all"]["children"]["cluster"]["children"]
+        return {h: v.get("dglkit_cluster_address", v["ansible_host"])
+                for g in ("storage", "workers") for h, v in groups[g]["hosts"].items()}
+
     def hosts(self) -> dict[str, str]:
         """Every host -> its address, storage host first."""
         groups = self.groups()
         return {**groups["storage"], **groups["workers"]}
 
-    def up(self, hosts: int, storage_is_worker: bool = False) -> None:
-        """Start the cluster, or grow it to `hosts` hosts."""
+    def up(self, hosts: int, storage_is_worker: bool = False, cluster_network: bool = False) -> None:
+        """Start the cluster, or grow it to `hosts` hosts (a second network, once chosen, stays)."""
         testcluster("up", "--name", self.name, "--hosts", str(hosts),
-                    *(["--storage-is-worker"] if storage_is_worker else []))
+                    *(["--storage-is-worker"] if storage_is_worker else []),
+                    *(["--cluster-network"] if cluster_network else []))
 
     def remove(self, host: str) -> None:
         testcluster("down", "--name", self.name, "--host", host)
@@ -135,6 +146,14 @@ class Cluster:
 
     def playbook(self, playbook: str, *args: str, check: bool = True, timeout: float = 1200) -> PlaybookRun:
         return ansible_playbook(self.inventory, playbook, *args, check=check, timeout=timeout)
+
+    def start_playbook(self, playbook: str, *args: str) -> subprocess.Popen:
+        """ansible-playbook in the background, in a session of its own (so that a test can SIGKILL it and every
+        process it forked with os.killpg); stdout and stderr in one pipe."""
+        return subprocess.Popen([str(BIN / "ansible-playbook"), "-i", str(self.inventory), playbook, *args],
+                                cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True,
+                                env={**os.environ, "ANSIBLE_NOCOLOR": "1", "ANSIBLE_FORCE_COLOR": "0"})
 
     def stand_up(self, *args: str) -> PlaybookRun:
         """site.yml, starting from the venv that an earlier cluster's site.yml built for the same pins and host
@@ -167,6 +186,13 @@ class Cluster:
                               env={**os.environ, "ANSIBLE_NOCOLOR": "1"}, capture_output=True, text=True,
                               timeout=timeout)
 
+    def leftovers(self, host: str) -> dict:
+        """What a job left on a host, {} when nothing: dglkit processes, listening DGL/rendezvous ports,
+        /dev/shm files, an active job unit."""
+        script = base64.b64encode(LEFTOVERS.encode()).decode()
+        found = json.loads(self.ssh(host, f"python3 -c 'import base64; exec(base64.b64decode(\"{script}\"))'").stdout)
+        return {key: value for key, value in found.items() if value != CLEAN[key]}
+
     def ssh(self, host: str, command: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
         """Run a shell command on a host as root, with the SSH settings Ansible uses (verified host keys)."""
         proc = subprocess.run(["ssh", "-F", str(self.dir / "ssh/config"), host, command],
@@ -187,14 +213,15 @@ def copy_venv(src: Path, dest: Path) -> None:
 
 @pytest.fixture(scope="module")
 def cluster_factory() -> Iterator[Callable[..., Cluster]]:
-    """make(name, hosts, storage_is_worker=False) starts a cluster that lives until the module ends."""
+    """make(name, hosts, storage_is_worker=False, cluster_network=False) starts a cluster that lives until the
+    module ends; cluster_network: node-to-node traffic on a second network (dglkit_cluster_address)."""
     if os.geteuid() != 0:
         pytest.skip("test clusters need root")
     made: list[Cluster] = []
 
-    def make(name: str, hosts: int, storage_is_worker: bool = False) -> Cluster:
+    def make(name: str, hosts: int, storage_is_worker: bool = False, cluster_network: bool = False) -> Cluster:
         cluster = Cluster((PREFIX + name)[:24].rstrip("-"))
-        cluster.up(hosts, storage_is_worker)
+        cluster.up(hosts, storage_is_worker, cluster_network)
         made.append(cluster)
         return cluster
 

@@ -22,11 +22,24 @@ WORKSPACE = "/srv/dglkit"
 USER, UID = "dglkit", 30050  # the job account and its default ids
 
 
+# Where site.yml writes on a host; empty output means a fresh host.
+WRITTEN = (f"ls -A {WORKSPACE}; ls -d /etc/ssh/dglkit_known_hosts /etc/ssh/ssh_config.d/dglkit.conf /etc/dglkit "
+           f"/var/lib/dglkit /opt/dglkit 2>/dev/null; getent passwd {USER}; true")
+
+
 @pytest.fixture(scope="module")
-def runs(cluster: Cluster) -> dict[str, PlaybookRun]:
+def fresh_check(cluster: Cluster) -> tuple[PlaybookRun, dict[str, str]]:
+    """site.yml --check on the fresh cluster, and what each host then holds where site.yml writes."""
+    run = cluster.playbook("site.yml", "--check")
+    return run, {host: cluster.ssh(host, WRITTEN).stdout for host in cluster.hosts()}
+
+
+@pytest.fixture(scope="module")
+def runs(cluster: Cluster, fresh_check: tuple[PlaybookRun, dict[str, str]]) -> dict[str, PlaybookRun]:
     """On the fresh cluster: --check, the real run, a second run, --check again."""
-    runs = {name: cluster.playbook("site.yml", *args) for name, args in
-            [("fresh-check", ["--check"]), ("first", []), ("second", []), ("set-up-check", ["--check"])]}
+    runs = {"fresh-check": fresh_check[0]}
+    runs.update({name: cluster.playbook("site.yml", *args) for name, args in
+                 [("first", []), ("second", []), ("set-up-check", ["--check"])]})
     # The venv pip built here seeds the later modules' clusters.
     cluster.keep_venv()
     return runs
@@ -48,9 +61,13 @@ def mtimes(cluster: Cluster, host: str, paths: list[str]) -> str:
     return cluster.ssh(host, "stat -c '%n %Y' " + " ".join(paths)).stdout
 
 
-def test_check_mode_on_fresh_hosts_fails_nowhere(cluster: Cluster, runs: dict[str, PlaybookRun]) -> None:
-    assert sorted(runs["fresh-check"].recap) == sorted([*cluster.hosts(), "localhost"])
-    assert runs["fresh-check"].failed_hosts() == []
+def test_check_mode_on_fresh_hosts_reports_the_changes_and_makes_none(
+        cluster: Cluster, fresh_check: tuple[PlaybookRun, dict[str, str]]) -> None:
+    run, written = fresh_check
+    assert sorted(run.recap) == sorted([*cluster.hosts(), "localhost"])
+    assert run.failed_hosts() == []
+    assert run.changed_hosts() == sorted(cluster.hosts()), run.recap
+    assert written == {host: "" for host in cluster.hosts()}
 
 
 def test_first_run_sets_up_every_host(cluster: Cluster, runs: dict[str, PlaybookRun]) -> None:

@@ -1,0 +1,41 @@
+"""Helpers for end-to-end job tests, shared by the test modules (a module of its own: `from conftest import`
+would find another tier's conftest when all tiers run together)."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+# One host-side look for what a job left (conftest's Cluster.leftovers): processes, listening DGL/rendezvous
+# ports, /dev/shm files, the job unit.
+LEFTOVERS = r"""
+import json, os, subprocess
+procs = []
+for pid in filter(str.isdigit, os.listdir('/proc')):
+    try:
+        cmd = open('/proc/%s/cmdline' % pid, 'rb').read().replace(b'\0', b' ').decode()
+    except OSError:
+        continue
+    if 'dglkit' in cmd and pid != str(os.getpid()):
+        procs.append(cmd[:120])
+ports = set()
+for table in ('/proc/net/tcp', '/proc/net/tcp6'):
+    for line in open(table).read().splitlines()[1:]:
+        fields = line.split()
+        if fields[3] == '0A':
+            ports.add(int(fields[1].rsplit(':', 1)[1], 16))
+unit = subprocess.run(['systemctl', 'is-active', 'dglkit-job'], capture_output=True, text=True).stdout.strip()
+print(json.dumps({'procs': procs, 'ports': sorted(ports & {29500, 30050}), 'shm': os.listdir('/dev/shm'), 'unit': unit}))
+"""
+CLEAN = {"procs": [], "ports": [], "shm": [], "unit": "inactive"}
+
+
+def flat(output: str) -> str:
+    """Output with the YAML callback's line wrapping undone."""
+    return " ".join(output.split())
+
+
+def run_folder(output: str) -> Path:
+    """The run folder train.yml printed at the end."""
+    found = re.search(r"run folder: (/[^\s']+)", flat(output))
+    assert found, output[-3000:]
+    return Path(found.group(1))
