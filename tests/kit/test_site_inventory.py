@@ -1,7 +1,8 @@
 """site.yml without test hosts: inventory and platform checks, ip_config.txt and exports rendering.
 
 Real ansible-playbook runs of site.yml against inventories whose hosts are local connections with loopback
-addresses. `--tags validate` runs only the checks; `--tags ip_config` also renders ip_config.txt into a
+addresses, in a network namespace of their own whose loopback has those addresses (the platform check compares
+every cluster address with the host's interfaces) and with an /etc/hosts of their own (a name for an address). `--tags validate` runs only the checks; `--tags ip_config` also renders ip_config.txt into a
 temporary workspace; `--tags exports --check --diff` shows the NFS exports the storage host would get.
 The runs are independent, so one fixture starts them all at once and the tests read their results.
 """
@@ -22,6 +23,11 @@ REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 LOCAL = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
 EXPORT_OPTIONS = "(rw,sync,no_subtree_check,no_root_squash)"
+# The addresses the namespace's loopback has: the test hosts' (127.0.0.1N) and one given by name below.
+OWN_ADDRESSES = [f"127.0.0.{10 + n}" for n in range(1, 10)] + ["127.0.5.2"]
+NAMES = "127.0.9.9 elsewhere.kit.test\n"
+NETNS = ('mount --bind "$0" /etc/hosts; ip link set lo up; '
+         + "".join(f"ip addr add {a}/8 dev lo; " for a in OWN_ADDRESSES) + 'exec "$@"')
 
 
 @dataclass
@@ -56,7 +62,10 @@ def make_inventory(root: Path, storage: list[str], workers: list[str], hostvars:
 
 def site(inventory: Path, *args: str) -> Run:
     env = {**os.environ, "ANSIBLE_STDOUT_CALLBACK": "json", "ANSIBLE_NOCOLOR": "1"}
-    proc = subprocess.run([BIN / "ansible-playbook", "-i", inventory, "site.yml", *args], cwd=REPO, env=env,
+    hosts = inventory.parent / "etc-hosts"
+    hosts.write_text(Path("/etc/hosts").read_text() + NAMES)
+    proc = subprocess.run(["unshare", "--net", "--mount", "--map-root-user", "sh", "-ec", NETNS, hosts,
+                           BIN / "ansible-playbook", "-i", inventory, "site.yml", *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=300)
     report = json.loads(proc.stdout)
     failures, diffs = [], []
@@ -106,6 +115,13 @@ BAD_PLATFORMS = {
                "node2: Python 3.13 (/usr/bin/python3) has no wheels in the 'pypi' pin set, which needs "
                "Python 3.10, 3.11, 3.12"),
 }
+# Cluster addresses that resolve but are not the host's own: refused by the platform check. id -> (hostvars, message)
+BAD_ADDRESSES = {
+    "not-on-host": ({"node3": {"dglkit_cluster_address": "10.99.0.5"}},
+                    "node3: cluster address 10.99.0.5 is not an address of this host (it has 127.0.0.1, 127.0.0.11,"),
+    "name-not-on-host": ({"node2": {"dglkit_cluster_address": "elsewhere.kit.test"}},
+                         "node2: cluster address 127.0.9.9 (elsewhere.kit.test) is not an address of this host"),
+}
 
 
 def ip_config_runs(root: Path, inventories: list[tuple[list[str], list[str], dict]]) -> list[Run]:
@@ -148,6 +164,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[Run]]:
     for case, (storage, workers, hostvars, settings, _) in BAD_INVENTORIES.items():
         jobs[case] = (lambda root, s=storage, w=workers, h=hostvars, o=settings:
                       [site(make_inventory(root, s, w, h, **o))])
+    for case, (hostvars, _) in BAD_ADDRESSES.items():
+        jobs[case] = lambda root, h=hostvars: [site(make_inventory(root, ["node1"], ["node2", "node3"], h))]
     for case, (facts, _) in BAD_PLATFORMS.items():
         jobs[case] = lambda root, f=facts: [site(make_inventory(root, ["node1"], ["node2"]),
                                                  "--limit", "localhost,node2", "-e", json.dumps(f))]
@@ -177,6 +195,17 @@ def test_an_unsupported_platform_fails_before_any_change(runs: dict[str, list[Ru
     assert run.returncode != 0
     assert run.failures and BAD_PLATFORMS[case][-1] in run.failures[0], run.failures
     assert all(counts["changed"] == 0 for counts in run.stats.values())
+
+
+@pytest.mark.parametrize("case", BAD_ADDRESSES)
+def test_a_cluster_address_that_is_not_the_hosts_own_fails_before_any_change(runs: dict[str, list[Run]],
+                                                                             case: str) -> None:
+    [run] = runs[case]  # the whole site.yml
+    assert run.returncode != 0
+    assert run.failures and BAD_ADDRESSES[case][-1] in run.failures[0], run.failures
+    assert set(run.stats) == {"localhost", "node1", "node2", "node3"}
+    assert all(counts["changed"] == 0 for counts in run.stats.values()), run.stats
+    assert not (run.workspace / "ip_config.txt").exists()
 
 
 def test_an_unreachable_host_stops_the_run_with_its_name(runs: dict[str, list[Run]]) -> None:
