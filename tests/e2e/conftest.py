@@ -74,6 +74,11 @@ def parse_recap(output: str) -> dict[str, dict[str, int]]:
             for host, counts in RECAP_RE.findall(recap)}
 
 
+def flat(output: str) -> str:
+    """Output with the YAML callback's line wrapping undone."""
+    return " ".join(output.split())
+
+
 def with_names(cmd: list[str], etc_hosts: Path | None) -> list[str]:
     """cmd in a mount namespace of its own that sees etc_hosts as /etc/hosts (inventories can then name cluster
     addresses without touching this machine's /etc/hosts); cmd itself without etc_hosts."""

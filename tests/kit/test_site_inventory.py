@@ -26,7 +26,7 @@ EXPORT_OPTIONS = "(rw,sync,no_subtree_check,no_root_squash)"
 # The addresses the namespace's loopback has: the test hosts' (127.0.0.1N) and one given by name below.
 OWN_ADDRESSES = [f"127.0.0.{10 + n}" for n in range(1, 10)] + ["127.0.5.2"]
 NAMES = "127.0.9.9 elsewhere.kit.test\n"
-NETNS = ('mount --bind "$0" /etc/hosts; ip link set lo up; '
+NETNS = ('mount --bind "$0" /etc/hosts; mount -t sysfs sysfs /sys; ip link set lo up; '
          + "".join(f"ip addr add {a}/8 dev lo; " for a in OWN_ADDRESSES) + 'exec "$@"')
 
 
