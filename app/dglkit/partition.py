@@ -1,7 +1,7 @@
 """`dglkit partition`: split a prepared graph into one partition per machine with DGL's partition_graph.
 
 Writes DGL's files (<graph name>.json, part<i>/), the ID mappings DGL returns but does not save
-(orig_nids.npy, orig_eids.npy: new ID -> original ID) and manifest.json (dataset fingerprint, parameters,
+(orig_nids.npy, orig_eids.npy: new ID -> original ID; per type for heterogeneous graphs, see dglkit.hetero) and manifest.json (dataset fingerprint, parameters,
 timings, peak RSS, edge cut, per-part counts). A re-run with the same inputs is a no-op; --graphbolt on a
 current DGL-format partition only converts it.
 """
@@ -91,23 +91,39 @@ def run(args: argparse.Namespace) -> int:
         balance_edges=args.balance_edges, return_mapping=True)
     timings["partition_s"] = lap(start)
 
-    start = time.perf_counter()
-    orig_nids, orig_eids = orig_nids.numpy(), orig_eids.numpy()
-    np.save(out / "orig_nids.npy", orig_nids)
-    np.save(out / "orig_eids.npy", orig_eids)
-    timings["mapping_s"] = lap(start)
+    if graph.is_homogeneous:
+        start = time.perf_counter()
+        orig_nids, orig_eids = orig_nids.numpy(), orig_eids.numpy()
+        np.save(out / "orig_nids.npy", orig_nids)
+        np.save(out / "orig_eids.npy", orig_eids)
+        timings["mapping_s"] = lap(start)
 
-    start = time.perf_counter()
-    with open(part_config) as f:
-        config = json.load(f)
-    manifest.update(cut_and_counts(graph, config, orig_nids))
-    timings["edge_cut_s"] = lap(start)
+        start = time.perf_counter()
+        with open(part_config) as f:
+            config = json.load(f)
+        manifest.update(cut_and_counts(graph, config, orig_nids))
+        timings["edge_cut_s"] = lap(start)
+    else:
+        partition_hetero_outputs(graph, out, part_config, orig_nids, orig_eids, manifest, timings)
     if args.graphbolt:
         timings["graphbolt_s"] = to_graphbolt(part_config)
     manifest.update(complete=True, graphbolt=args.graphbolt, timings=timings, peak_rss_mb=round(peak_rss_mb()))
     write_json(manifest_path, manifest)
     emit_result({"changed": True, **summary(manifest, out)})
     return 0
+
+
+def partition_hetero_outputs(graph, out: Path, part_config: Path, orig_nids: dict, orig_eids: dict,
+                             manifest: dict[str, Any], timings: dict[str, float]) -> None:
+    """Per-type ID mappings and the edge cut and counts of a heterogeneous partition."""
+    from dglkit import hetero
+
+    start = time.perf_counter()
+    hetero.save_mappings(out, orig_nids, orig_eids)
+    timings["mapping_s"] = lap(start)
+    start = time.perf_counter()
+    manifest.update(hetero.cut_and_counts(graph, json.loads(part_config.read_text()), orig_nids))
+    timings["edge_cut_s"] = lap(start)
 
 
 def lap(start: float) -> float:

@@ -22,18 +22,14 @@ if TYPE_CHECKING:
 REPO = Path(__file__).resolve().parents[2]
 PINS = dict(re.findall(r"(?m)^(dgl|torch)==(\S+)$", (REPO / "app/requirements/node.txt").read_text()))
 WORKSPACE = "/srv/dglkit"
-JOB_USER = "dglkit"
+USER, UID = "dglkit", 30050  # the job account and its default ids
 MESH_KEY = ".ssh/dglkit_ed25519"
 
 
 @pytest.fixture(scope="module")
 def runs(cluster: Cluster) -> dict[str, PlaybookRun]:
     """On the fresh cluster with the SSH mesh on: --check, the real run, a second run, --check again."""
-    (cluster.inventory / "group_vars/all/mesh.yml").write_text(
-        f"dglkit_ssh_mesh: true\ndglkit_user: {JOB_USER}\n")
-    # Until site.yml creates the job account itself (issue #11, the account half).
-    for host in cluster.hosts():
-        cluster.ssh(host, f"getent passwd {JOB_USER} || useradd --system --create-home --shell /bin/sh {JOB_USER}")
+    (cluster.inventory / "group_vars/all/mesh.yml").write_text("dglkit_ssh_mesh: true\n")
     runs = {name: cluster.playbook("site.yml", *args) for name, args in
             [("fresh-check", ["--check"]), ("first", []), ("second", []), ("set-up-check", ["--check"])]}
     # The venv pip built here seeds the later modules' clusters.
@@ -103,8 +99,45 @@ def test_a_re_run_skips_the_slow_steps_and_redoes_those_whose_records_went_stale
     assert cluster.playbook("site.yml").changed_hosts() == []
 
 
+def test_the_job_account_has_the_same_ids_everywhere_and_writes_only_job_data(
+        cluster: Cluster, runs: dict[str, PlaybookRun]) -> None:
+    for host in cluster.hosts():
+        assert cluster.ssh(host, f"id {USER}").stdout.strip() == f"uid={UID}({USER}) gid={UID}({USER}) groups={UID}({USER})"
+        attempts = " ".join(f"{WORKSPACE}/{path}" for path in
+                            ("jobs/w", "datasets/w", "partitions/w", "venv/w", "venv/bin/w", "app/w", "app/dglkit/w", "w"))
+        # touch each path as the account; print which ones it could create, then remove them as root.
+        out = cluster.ssh(host, f"for p in {attempts}; do runuser -u {USER} -- touch $p 2>/dev/null && echo $p; done;"
+                                f" rm -f {attempts}").stdout.split()
+        assert out == [f"{WORKSPACE}/{d}/w" for d in ("jobs", "datasets", "partitions")], (host, out)
+    owners = {path: (cluster.workspace / path).stat() for path in ("jobs", "datasets", "partitions", "venv", "app")}
+    assert {p: (s.st_uid, s.st_gid) for p, s in owners.items()} == {
+        "jobs": (UID, UID), "datasets": (UID, UID), "partitions": (UID, UID), "venv": (0, 0), "app": (0, 0)}
+
+
+def test_account_ids_taken_on_a_host_are_refused_before_any_change(cluster: Cluster,
+                                                                    runs: dict[str, PlaybookRun]) -> None:
+    # The account exists everywhere with the default ids; asking for others is an error on every host.
+    run = cluster.playbook("site.yml", "-e", f"dglkit_user_uid={UID + 1}", "-e", f"dglkit_user_gid={UID + 1}", check=False)
+    assert run.returncode != 0
+    assert f"account {USER} exists with uid {UID} and gid {UID}, but the kit needs uid {UID + 1}" in run.flat()
+    assert run.changed_hosts() == [], run.recap
+    # Another account holds the uid and gid on one host: that host is named, nothing changes anywhere.
+    cluster.ssh("node3", f"groupadd -g {UID + 7} squatter && useradd -u {UID + 7} -g squatter squatter")
+    try:
+        run = cluster.playbook("site.yml", "-e", "dglkit_user=dgltwo", "-e", f"dglkit_user_uid={UID + 7}",
+                               "-e", f"dglkit_user_gid={UID + 7}", check=False)
+    finally:
+        cluster.ssh("node3", "userdel squatter")
+    assert run.returncode != 0
+    assert (f"node3: uid {UID + 7} belongs to the account squatter: set dglkit_user_uid to a uid that is free on every"
+            f" node; gid {UID + 7} belongs to the group squatter") in run.flat(), run.output[-3000:]
+    assert run.changed_hosts() == [], run.recap
+    for host in cluster.hosts():
+        assert cluster.ssh(host, "getent passwd dgltwo", check=False).returncode == 2, host
+
+
 def as_job_user(command: str) -> str:
-    return f"su -s /bin/sh {JOB_USER} -c '{command}'"
+    return f"runuser -u {USER} -- sh -c '{command}'"
 
 
 def mesh_ssh(target: str) -> str:
@@ -120,10 +153,10 @@ def test_the_job_account_sshes_node_to_node_with_strict_host_key_checking(cluste
         out = cluster.ssh(host, "; ".join(mesh_ssh(t) for t in targets)).stdout.split()
         assert out == [name for name in cluster.hosts() for _ in range(2)], (host, out)
     # Every node has a key of its own, authorized from the cluster's addresses only, for commands only.
-    keys = {host: cluster.ssh(host, f"ssh-keygen -l -f ~{JOB_USER}/{MESH_KEY}").stdout.split()[1] for host in cluster.hosts()}
+    keys = {host: cluster.ssh(host, f"ssh-keygen -l -f ~{USER}/{MESH_KEY}").stdout.split()[1] for host in cluster.hosts()}
     assert len(set(keys.values())) == len(keys), keys
     addresses = ",".join(sorted(cluster.hosts().values()))
-    authorized = cluster.ssh("node2", f"stat -c %a ~{JOB_USER}/.ssh/authorized_keys; grep -v '^#' ~{JOB_USER}/.ssh/authorized_keys").stdout
+    authorized = cluster.ssh("node2", f"stat -c %a ~{USER}/.ssh/authorized_keys; grep -v '^#' ~{USER}/.ssh/authorized_keys").stdout
     mode, *lines = authorized.splitlines()
     assert mode == "600" and len(lines) == 3, authorized
     assert all(line.startswith(f'restrict,from="{addresses}" ssh-ed25519 ') for line in lines), lines
@@ -134,12 +167,12 @@ def test_the_job_account_sshes_node_to_node_with_strict_host_key_checking(cluste
 
 def test_a_mesh_key_is_useless_outside_the_cluster(cluster: Cluster, runs: dict[str, PlaybookRun], tmp_path: Path) -> None:
     key = tmp_path / "stolen"
-    key.write_text(cluster.ssh("node2", f"cat ~{JOB_USER}/{MESH_KEY}").stdout)
+    key.write_text(cluster.ssh("node2", f"cat ~{USER}/{MESH_KEY}").stdout)
     key.chmod(0o600)
     ssh = (f"ssh -i {key} -o IdentitiesOnly=yes -o BatchMode=yes -o StrictHostKeyChecking=yes "
            f"-o UserKnownHostsFile={cluster.dir / 'ssh/known_hosts'} -o ConnectTimeout=10")
     for host, address in cluster.hosts().items():
-        proc = cluster.outsider(f"{ssh} {JOB_USER}@{address} hostname")
+        proc = cluster.outsider(f"{ssh} {USER}@{address} hostname")
         # sshd answers (the outsider is on the network) but refuses the key from its address.
         assert proc.returncode == 255 and "Permission denied (publickey)" in proc.stderr, (host, proc.stderr)
 
