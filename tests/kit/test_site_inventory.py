@@ -137,7 +137,7 @@ BAD_PLATFORMS = {
 # Cluster addresses that resolve but are not the host's own: refused by the platform check. id -> (hostvars, message)
 BAD_ADDRESSES = {
     "not-on-host": ({"node3": {"dglkit_cluster_address": "10.99.0.5"}},
-                    "node3: cluster address 10.99.0.5 is not an address of this host (it has 127.0.0.1, 127.0.0.11,"),
+                    "node3: cluster address 10.99.0.5 is not an address of this host (it has 10.77.250.11,"),
     "name-not-on-host": ({"node2": {"dglkit_cluster_address": "elsewhere.kit.test"}},
                          "node2: cluster address 127.0.9.9 (elsewhere.kit.test) is not an address of this host"),
 }
