@@ -101,10 +101,14 @@ def cluster_ip(state: dict, host: str) -> str | None:
     return f"10.77.{state['subnet']}.{130 + host_num(host)}" if state.get("cluster_network") else None
 
 
+def outsider_ip(state: dict) -> str:
+    return f"10.77.{state['subnet']}.250"
+
+
 def list_clusters() -> list[str]:
     names = {p.name for p in STATE.iterdir() if p.is_dir()} if STATE.is_dir() else set()
     for ns in sh("ip", "netns", "list").stdout.split():
-        m = re.fullmatch(r"dglkit-(.+)-(br|node\d+)", ns)
+        m = re.fullmatch(r"dglkit-(.+)-(br|out|node\d+)", ns)
         names |= {m.group(1)} if m else set()
     return sorted(names)
 
@@ -135,6 +139,14 @@ def create_network(state: dict) -> None:
     sh("ip", "-n", br, "link", "set", "ctl", "master", "br0", "up")
     sh("ip", "addr", "add", f"10.77.{k}.1/24", "dev", state["controller_if"])
     sh("ip", "link", "set", state["controller_if"], "up")
+    # An outsider: a namespace on the cluster network that is no host of the inventory (tests attack from it).
+    out = netns(name, "out")
+    sh("ip", "netns", "add", out)
+    sh("ip", "-n", out, "link", "set", "lo", "up")
+    sh("ip", "link", "add", "eth0", "netns", out, "type", "veth", "peer", "name", "out", "netns", br)
+    sh("ip", "-n", br, "link", "set", "out", "master", "br0", "up")
+    sh("ip", "-n", out, "addr", "add", f"{outsider_ip(state)}/24", "dev", "eth0")
+    sh("ip", "-n", out, "link", "set", "eth0", "up")
 
 
 def start_host(state: dict, host: str, stage: dict[str, Path]) -> None:
@@ -172,6 +184,8 @@ def start_host(state: dict, host: str, stage: dict[str, Path]) -> None:
         group.mkdir(exist_ok=True)
     cmd = ["systemd-nspawn", "-b", "-D", str(root), "--register=no", "--keep-unit",
            f"--network-namespace-path=/run/netns/{ns}", f"--machine={ns}", f"--hostname={host}",
+           # The host's own network namespace: its firewall (nftables) affects no one else.
+           "--capability=CAP_NET_ADMIN",
            "--console=read-only", "--link-journal=no", "--resolv-conf=off",
            f"--tmpfs=/dev/shm:mode=1777,size={SHM_SIZE}",
            f"--bind={cdir / 'workspace'}:/srv/dglkit",
@@ -380,8 +394,9 @@ def down(name: str, only: str | None = None) -> None:
     # Deleting the bridge namespace would remove the controller's veth too, but only some time later.
     if state and sh("ip", "link", "show", "dev", state["controller_if"], check=False).returncode == 0:
         sh("ip", "link", "del", state["controller_if"])
-    if netns(name, "br") in sh("ip", "netns", "list").stdout.split():
-        sh("ip", "netns", "del", netns(name, "br"))
+    for ns in (netns(name, "out"), netns(name, "br")):
+        if ns in sh("ip", "netns", "list").stdout.split():
+            sh("ip", "netns", "del", ns)
     shutil.rmtree(cluster_dir(name), ignore_errors=True)
     log(f"{name}: down in {time.monotonic() - start:.1f} s")
 
@@ -393,7 +408,8 @@ def status() -> None:
             print(f"{name}: leftovers of a crashed run (clean up with: down --name {name})")
             continue
         print(f"{name}: 10.77.{state['subnet']}.0/24, inventory {cluster_dir(name) / 'inventory'}, "
-              f"ssh -F {cluster_dir(name) / 'ssh/config'} <host>")
+              f"ssh -F {cluster_dir(name) / 'ssh/config'} <host>, outsider {outsider_ip(state)} "
+              f"(ip netns exec {netns(name, 'out')} ...)")
         for host in sorted(state["hosts"], key=host_num):
             print(f"  {host} {host_ip(state, host)}{' cluster ' + cluster_ip(state, host) if cluster_ip(state, host) else ''} "
                   f"{'running' if nspawn_pid(name, host) else 'NOT RUNNING'}")

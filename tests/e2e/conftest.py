@@ -81,10 +81,23 @@ def parse_recap(output: str) -> dict[str, dict[str, int]]:
             for host, counts in RECAP_RE.findall(recap)}
 
 
+def flat(output: str) -> str:
+    """Output with the YAML callback's line wrapping undone."""
+    return " ".join(output.split())
+
+
+def with_names(cmd: list[str], etc_hosts: Path | None) -> list[str]:
+    """cmd in a mount namespace of its own that sees etc_hosts as /etc/hosts (inventories can then name cluster
+    addresses without touching this machine's /etc/hosts); cmd itself without etc_hosts."""
+    if etc_hosts is None:
+        return cmd
+    return ["unshare", "--mount", "sh", "-ec", 'mount --bind "$0" /etc/hosts; exec "$@"', str(etc_hosts), *cmd]
+
+
 def ansible_playbook(inventory: Path, playbook: str, *args: str, check: bool = True,
-                     timeout: float = 1200) -> PlaybookRun:
+                     timeout: float = 1200, etc_hosts: Path | None = None) -> PlaybookRun:
     """ansible-playbook from the repo root (its ansible.cfg applies); `check` fails the test on a non-zero exit."""
-    cmd = [str(BIN / "ansible-playbook"), "-i", str(inventory), playbook, *args]
+    cmd = with_names([str(BIN / "ansible-playbook"), "-i", str(inventory), playbook, *args], etc_hosts)
     env = {**os.environ, "ANSIBLE_NOCOLOR": "1", "ANSIBLE_FORCE_COLOR": "0"}
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
     output = proc.stdout + proc.stderr
@@ -97,6 +110,8 @@ def ansible_playbook(inventory: Path, playbook: str, *args: str, check: bool = T
 @dataclass
 class Cluster:
     name: str
+    # Lines added to /etc/hosts for the controller's playbook runs (name_address).
+    names: dict[str, str] = field(default_factory=dict)
 
     @property
     def dir(self) -> Path:
@@ -144,8 +159,28 @@ class Cluster:
     def down(self) -> None:
         testcluster("down", "--name", self.name)
 
+    def name_address(self, name: str, address: str) -> None:
+        """Make `name` resolve to `address` for the controller's playbook runs (as a DNS entry would)."""
+        self.names[name] = address
+        hosts = Path("/etc/hosts").read_text() + "".join(f"{a} {n}\n" for n, a in self.names.items())
+        (self.dir / "etc-hosts").write_text(hosts)
+
+    @property
+    def etc_hosts(self) -> Path | None:
+        return self.dir / "etc-hosts" if self.names else None
+
     def playbook(self, playbook: str, *args: str, check: bool = True, timeout: float = 1200) -> PlaybookRun:
-        return ansible_playbook(self.inventory, playbook, *args, check=check, timeout=timeout)
+        return ansible_playbook(self.inventory, playbook, *args, check=check, timeout=timeout,
+                                etc_hosts=self.etc_hosts)
+
+    def outsider(self, command: str, timeout: float = 60) -> subprocess.CompletedProcess:
+        """A shell command in the cluster's outsider namespace: on the cluster network, in no inventory."""
+        return subprocess.run(["ip", "netns", "exec", f"dglkit-{self.name}-out", "sh", "-c", command],
+                              capture_output=True, text=True, timeout=timeout)
+
+    @property
+    def outsider_ip(self) -> str:
+        return f"10.77.{self.state()['subnet']}.250"
 
     def start_playbook(self, playbook: str, *args: str) -> subprocess.Popen:
         """ansible-playbook in the background, in a session of its own (so that a test can SIGKILL it and every

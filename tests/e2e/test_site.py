@@ -1,5 +1,6 @@
-"""site.yml on real hosts: three fresh nspawn hosts (node1 storage, node2 and node3 workers), then the
-storage host as a worker too, a bad inventory and a host that is down.
+"""site.yml on real hosts: three fresh nspawn hosts (node1 storage, node2 and node3 workers) with the SSH mesh
+on, then the storage host as a worker too, bad inventories, a worker taken out of the inventory and a host
+that is down.
 
 The tests run in file order on one cluster: the later ones reshape it.
 """
@@ -13,6 +14,8 @@ from typing import TYPE_CHECKING, Iterator
 import pytest
 import yaml
 
+from conftest import flat
+
 if TYPE_CHECKING:
     from conftest import Cluster, PlaybookRun
 
@@ -20,6 +23,7 @@ REPO = Path(__file__).resolve().parents[2]
 PINS = dict(re.findall(r"(?m)^(dgl|torch)==(\S+)$", (REPO / "app/requirements/node.txt").read_text()))
 WORKSPACE = "/srv/dglkit"
 USER, UID = "dglkit", 30050  # the job account and its default ids
+MESH_KEY = ".ssh/dglkit_ed25519"
 
 
 # Where site.yml writes on a host; empty output means a fresh host.
@@ -29,14 +33,15 @@ WRITTEN = (f"ls -A {WORKSPACE}; ls -d /etc/ssh/dglkit_known_hosts /etc/ssh/ssh_c
 
 @pytest.fixture(scope="module")
 def fresh_check(cluster: Cluster) -> tuple[PlaybookRun, dict[str, str]]:
-    """site.yml --check on the fresh cluster, and what each host then holds where site.yml writes."""
+    """site.yml --check on the fresh cluster (SSH mesh on), and what each host then holds where site.yml writes."""
+    (cluster.inventory / "group_vars/all/mesh.yml").write_text("dglkit_ssh_mesh: true\n")
     run = cluster.playbook("site.yml", "--check")
     return run, {host: cluster.ssh(host, WRITTEN).stdout for host in cluster.hosts()}
 
 
 @pytest.fixture(scope="module")
 def runs(cluster: Cluster, fresh_check: tuple[PlaybookRun, dict[str, str]]) -> dict[str, PlaybookRun]:
-    """On the fresh cluster: --check, the real run, a second run, --check again."""
+    """On the fresh cluster with the SSH mesh on: --check, the real run, a second run, --check again."""
     runs = {"fresh-check": fresh_check[0]}
     runs.update({name: cluster.playbook("site.yml", *args) for name, args in
                  [("first", []), ("second", []), ("set-up-check", ["--check"])]})
@@ -148,16 +153,45 @@ def test_account_ids_taken_on_a_host_are_refused_before_any_change(cluster: Clus
         assert cluster.ssh(host, "getent passwd dgltwo", check=False).returncode == 2, host
 
 
-def test_nodes_ssh_to_each_other_with_strict_host_key_checking(cluster: Cluster,
-                                                               runs: dict[str, PlaybookRun]) -> None:
+def as_job_user(command: str) -> str:
+    return f"runuser -u {USER} -- sh -c '{command}'"
+
+
+def mesh_ssh(target: str) -> str:
+    """The job account's ssh to target with the kit's settings alone (its own known_hosts unused)."""
+    return as_job_user(f"ssh -o BatchMode=yes -o StrictHostKeyChecking=yes -o UserKnownHostsFile=/dev/null {target} hostname")
+
+
+def test_the_job_account_sshes_node_to_node_with_strict_host_key_checking(cluster: Cluster,
+                                                                          runs: dict[str, PlaybookRun]) -> None:
     targets = [name for host in cluster.hosts().items() for name in host]
-    loop = " ".join(targets)
     for host in cluster.hosts():
         # No DNS on the test network: names work through the kit's ssh_config, addresses directly.
-        out = cluster.ssh(host, f"runuser -u {USER} -- sh -c 'for t in {loop}; do ssh -o BatchMode=yes "
-                                f"-o StrictHostKeyChecking=yes -o UserKnownHostsFile=/dev/null $t hostname; done'"
-                          ).stdout.split()
+        out = cluster.ssh(host, "; ".join(mesh_ssh(t) for t in targets)).stdout.split()
         assert out == [name for name in cluster.hosts() for _ in range(2)], (host, out)
+    # Every node has a key of its own, authorized from the cluster's addresses only, for commands only.
+    keys = {host: cluster.ssh(host, f"ssh-keygen -l -f ~{USER}/{MESH_KEY}").stdout.split()[1] for host in cluster.hosts()}
+    assert len(set(keys.values())) == len(keys), keys
+    addresses = ",".join(sorted(cluster.hosts().values()))
+    authorized = cluster.ssh("node2", f"stat -c %a ~{USER}/.ssh/authorized_keys; grep -v '^#' ~{USER}/.ssh/authorized_keys").stdout
+    mode, *lines = authorized.splitlines()
+    assert mode == "600" and len(lines) == 3, authorized
+    assert all(line.startswith(f'restrict,from="{addresses}" ssh-ed25519 ') for line in lines), lines
+    # root gets no mesh: Ansible's account stays Ansible's.
+    root = cluster.ssh("node2", "ssh -o BatchMode=yes -o StrictHostKeyChecking=yes node3 true", check=False)
+    assert root.returncode == 255 and "Permission denied" in root.stderr, root.stderr
+
+
+def test_a_mesh_key_is_useless_outside_the_cluster(cluster: Cluster, runs: dict[str, PlaybookRun], tmp_path: Path) -> None:
+    key = tmp_path / "stolen"
+    key.write_text(cluster.ssh("node2", f"cat ~{USER}/{MESH_KEY}").stdout)
+    key.chmod(0o600)
+    ssh = (f"ssh -i {key} -o IdentitiesOnly=yes -o BatchMode=yes -o StrictHostKeyChecking=yes "
+           f"-o UserKnownHostsFile={cluster.dir / 'ssh/known_hosts'} -o ConnectTimeout=10")
+    for host, address in cluster.hosts().items():
+        proc = cluster.outsider(f"{ssh} {USER}@{address} hostname")
+        # sshd answers (the outsider is on the network) but refuses the key from its address.
+        assert proc.returncode == 255 and "Permission denied (publickey)" in proc.stderr, (host, proc.stderr)
 
 
 def test_ip_config_matches_the_inventory(cluster: Cluster, runs: dict[str, PlaybookRun]) -> None:
@@ -186,6 +220,15 @@ def test_a_bad_inventory_fails_before_any_host_is_changed(cluster: Cluster, runs
     assert list(run.recap) == ["localhost"]
     assert f"node2 and node3 share the cluster address {workers['node2']['ansible_host']}" in run.output
     assert {host: mtimes(cluster, host, watched) for host in cluster.hosts()} == before
+    # An address none of node3's interfaces has: refused from its facts, before any host changes.
+    workers["node3"]["dglkit_cluster_address"] = "10.99.0.5"
+    with hosts_file(cluster, yaml.safe_dump(hosts)):
+        run = cluster.playbook("site.yml", check=False)
+    assert run.returncode != 0
+    assert re.search(r"node3: cluster address 10\.99\.0\.5 is not an address of this host \(it has [^)]*"
+                     + re.escape(workers["node3"]["ansible_host"]), flat(run.output)), run.output[-3000:]
+    assert all(counts["changed"] == 0 for counts in run.recap.values()), run.recap
+    assert {host: mtimes(cluster, host, watched) for host in cluster.hosts()} == before
 
 
 def test_storage_host_as_a_worker(cluster: Cluster, runs: dict[str, PlaybookRun]) -> None:
@@ -197,6 +240,25 @@ def test_storage_host_as_a_worker(cluster: Cluster, runs: dict[str, PlaybookRun]
     assert (cluster.workspace / "ip_config.txt").read_text().splitlines() == \
         [f"{address} 30050" for address in cluster.hosts().values()]
     assert cluster.playbook("site.yml").changed_hosts() == []
+
+
+def test_a_worker_taken_out_of_the_inventory_can_no_longer_log_in(cluster: Cluster,
+                                                                   runs: dict[str, PlaybookRun]) -> None:
+    assert cluster.ssh("node3", mesh_ssh("node2")).stdout.strip() == "node2"
+    hosts = yaml.safe_load((cluster.inventory / "hosts.yml").read_text())
+    del hosts["all"]["children"]["cluster"]["children"]["workers"]["hosts"]["node3"]
+    with hosts_file(cluster, yaml.safe_dump(hosts)):
+        cluster.playbook("site.yml")
+    for target in ("node1", "node2"):
+        proc = cluster.ssh("node3", mesh_ssh(target), check=False)
+        assert proc.returncode == 255 and "Permission denied" in proc.stderr, (target, proc.stderr)
+    # --limit cannot shrink the mesh: the run stops before the mesh changes, naming the hosts left out.
+    run = cluster.playbook("site.yml", "--limit", "localhost,node1,node2", check=False)
+    assert run.returncode != 0
+    assert "The SSH mesh spans the whole cluster, but node3 is not in this run" in flat(run.output), run.output[-3000:]
+    assert cluster.ssh("node3", mesh_ssh("node2"), check=False).returncode == 255
+    cluster.playbook("site.yml")
+    assert cluster.ssh("node3", mesh_ssh("node2")).stdout.strip() == "node2"
 
 
 def test_a_host_that_is_down_stops_the_run_with_its_name(cluster: Cluster, runs: dict[str, PlaybookRun]) -> None:

@@ -1,8 +1,9 @@
 """playbooks/train.yml, status.yml and stop.yml on one 3-host test cluster (node1 storage, node2 and node3
-workers), stood up once with site.yml: training across hosts with GraphBolt off and on, the same job again
-(changed=0), a resize to 3 workers and back, a trainer killed while the controller is away (restart from the
-checkpoint, then a new train.yml attaches), a server killed with no restarts (fails fast), stop.yml during a
-restart, and a worker host that goes down for good.
+workers), stood up once with site.yml (firewall on, node3's cluster address given as a host name): training
+across hosts with GraphBolt off and on, the same job again (changed=0), a job needing ports the firewall keeps
+closed, a resize to 3 workers and back, a trainer killed while the controller is away (restart from the
+checkpoint, then a new train.yml attaches), a server killed with no restarts (fails fast), an outsider on the
+cluster network probing a running job and stop.yml during a restart, and a worker host that goes down for good.
 
 The tests share the cluster and run in file order: each leaves every host clean for the next.
 """
@@ -17,9 +18,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 import pytest
+
+from conftest import flat, with_names
 
 if TYPE_CHECKING:
     from conftest import Cluster
@@ -56,8 +59,31 @@ print(json.dumps({'procs': procs, 'ports': sorted(ports & {29500, 30050}), 'shm'
 """
 
 
+# Tries TCP connections to "ip:port" arguments at once; prints {"ip:port": "open" | "refused" | "timeout"}.
+PROBE = r"""
+import json, socket, sys
+from concurrent.futures import ThreadPoolExecutor
+def probe(target):
+    ip, port = target.rsplit(':', 1)
+    try:
+        socket.create_connection((ip, int(port)), timeout=5).close()
+        return 'open'
+    except ConnectionRefusedError:
+        return 'refused'
+    except OSError:
+        return 'timeout'
+with ThreadPoolExecutor(32) as pool:
+    print(json.dumps(dict(zip(sys.argv[1:], pool.map(probe, sys.argv[1:])))))
+"""
+NODE3_NAME = "node3.cluster.test"
+
+
 @pytest.fixture(scope="module")
 def site(cluster: Cluster) -> Cluster:
+    # The name resolves on the controller alone: site.yml resolves it once, and every playbook uses that address.
+    cluster.name_address(NODE3_NAME, cluster.hosts()["node3"])
+    (cluster.inventory / "host_vars").mkdir(exist_ok=True)
+    (cluster.inventory / "host_vars/node3.yml").write_text(f"dglkit_cluster_address: {NODE3_NAME}\n")
     cluster.stand_up()
     return cluster
 
@@ -90,17 +116,12 @@ def stop_background_jobs(cluster: Cluster) -> Iterator[None]:
 
 def start_train(cluster: Cluster, runs: Path, *args: str) -> subprocess.Popen:
     """train.yml in the background (stdout+stderr in one pipe)."""
-    cmd = [str(BIN / "ansible-playbook"), "-i", str(cluster.inventory), "playbooks/train.yml",
-           "-e", f"dgl_job_run_dir={runs}", *args]
+    cmd = with_names([str(BIN / "ansible-playbook"), "-i", str(cluster.inventory), "playbooks/train.yml",
+                      "-e", f"dgl_job_run_dir={runs}", *args], cluster.etc_hosts)
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "ANSIBLE_NOCOLOR": "1", "ANSIBLE_FORCE_COLOR": "0"})
     BACKGROUND.append(proc)
     return proc
-
-
-def flat(output: str) -> str:
-    """Output with the YAML callback's line wrapping undone."""
-    return " ".join(output.split())
 
 
 def run_folder(output: str) -> Path:
@@ -143,6 +164,7 @@ def finish(proc: subprocess.Popen, timeout: float) -> str:
 
 
 def test_train_across_hosts(site: Cluster, runs: Path) -> None:
+    assert (site.workspace / "ip_config.txt").read_text().split("\n")[1] == f"{site.hosts()['node3']} 30050"
     run = train(site, runs, *JOB)
     # Progress lines while it runs, the last one when it is done.
     assert re.search(r"running[^\]]*\[node2 running, node3 running\]", flat(run.output)), run.output[-4000:]
@@ -198,6 +220,14 @@ def test_status_shows_the_finished_job(site: Cluster) -> None:
     assert run.output.count("no job running") == 2, run.output[-3000:]
     assert re.search(r"succeeded: epoch 3/3 [^\]]*\[node2 succeeded, node3 succeeded\]", flat(run.output))
     assert run.changed_hosts() == []
+
+
+def test_a_job_needing_ports_the_firewall_keeps_closed_is_refused(site: Cluster, runs: Path) -> None:
+    run = train(site, runs, *JOB, "-e", "dgl_job_servers=2", check=False)
+    assert run.returncode != 0
+    assert ("node2: the firewall opens DGL server ports 30050-30050 and master port 29500 to the cluster, but this "
+            "job needs 30050-30051 and 29500: set dgl_job_servers") in flat(run.output), run.output[-3000:]
+    assert run.changed_hosts() == [], run.recap
 
 
 def test_resize_to_three_workers_with_graphbolt(site: Cluster, runs: Path) -> None:
@@ -283,11 +313,34 @@ def test_a_killed_server_fails_the_job_naming_its_host(site: Cluster, runs: Path
     assert_clean(site)
 
 
-def test_stop_during_a_restart_stops_everything(site: Cluster, runs: Path) -> None:
+def listening(cluster: Cluster, host: str) -> list[str]:
+    """ip:port of every TCP port the host listens on for the job (sshd's aside), on its cluster address."""
+    out = cluster.ssh(host, "ss -tlnH").stdout
+    ports = sorted({int(line.split()[3].rsplit(":", 1)[1]) for line in out.splitlines()} - {22})
+    return [f"{cluster.hosts()[host]}:{port}" for port in ports]
+
+
+def probe(run: Callable[[str], subprocess.CompletedProcess], targets: list[str]) -> dict[str, str]:
+    script = base64.b64encode(PROBE.encode()).decode()
+    proc = run(f"python3 -c 'import base64; exec(base64.b64decode(\"{script}\"))' {' '.join(targets)}")
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_an_outsider_reaches_no_port_of_a_running_job_and_stop_during_a_restart_stops_everything(site: Cluster, runs: Path) -> None:
     # With limits, which the test hosts accept but do not enforce (no delegated memory controller).
     proc = start_train(site, runs, *ENDLESS, "-e", "dgl_job_id=e2e-stop", "-e", "dgl_job_memory_max=6G",
                        "-e", "dgl_job_cpu_quota=150%")
     wait_for_epoch(site, "e2e-stop", "node2")
+    # DGL servers, torch's rendezvous store (node2), trainers' and gloo's ports: open to the storage host, which
+    # is in the cluster, and dropped for an address on the same network that is in no inventory.
+    targets = listening(site, "node2") + listening(site, "node3")
+    ports = {target.rsplit(":", 1)[1] for target in targets}
+    assert {"30050", "29500"} <= ports and len(ports) >= 4, targets
+    assert probe(lambda cmd: site.ssh("node1", cmd, check=False), targets) == {t: "open" for t in targets}
+    assert probe(site.outsider, targets) == {t: "timeout" for t in targets}
+    ssh = [f"{address}:22" for address in site.hosts().values()]
+    assert probe(site.outsider, ssh) == {t: "open" for t in ssh}
     for host in workers(site):
         # Every process of the job's unit (launcher, servers, torchrun, trainers) runs as the job account.
         listing = site.ssh(host, "ps -e -o unit=,user=,args=").stdout.splitlines()

@@ -1,7 +1,8 @@
 """site.yml without test hosts: inventory and platform checks, ip_config.txt and exports rendering.
 
 Real ansible-playbook runs of site.yml against inventories whose hosts are local connections with loopback
-addresses. `--tags validate` runs only the checks; `--tags ip_config` also renders ip_config.txt into a
+addresses, in a network namespace of their own whose loopback has those addresses (the platform check compares
+every cluster address with the host's interfaces) and with an /etc/hosts of their own (a name for an address). `--tags validate` runs only the checks; `--tags ip_config` also renders ip_config.txt into a
 temporary workspace; `--tags exports --check --diff` shows the NFS exports the storage host would get.
 The runs are independent, so one fixture starts them all at once and the tests read their results.
 """
@@ -13,7 +14,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import pytest
 import yaml
@@ -23,6 +24,13 @@ BIN = Path(sys.executable).parent
 LOCAL = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
 # root_squash, and root on a client squashed to the job account, never to root.
 EXPORT_OPTIONS = "(rw,sync,no_subtree_check,root_squash,anonuid=30050,anongid=30050)"
+# The addresses the namespace's loopback has: the test hosts' (127.0.0.1N) and one given by name below.
+FIREWALL_ADDRESSES = {f"node{n}": {"dglkit_cluster_address": f"10.77.250.{10 + n}"} for n in (1, 2, 3)}
+OWN_ADDRESSES = ([f"127.0.0.{10 + n}" for n in range(1, 10)] + ["127.0.5.2"]
+                 + [v["dglkit_cluster_address"] for v in FIREWALL_ADDRESSES.values()])
+NAMES = "127.0.9.9 elsewhere.kit.test\n"
+NETNS = ('mount --bind "$0" /etc/hosts; mount -t sysfs sysfs /sys; ip link set lo up; '
+         + "".join(f"ip addr add {a}/8 dev lo; " for a in OWN_ADDRESSES) + 'exec "$@"')
 
 
 @dataclass
@@ -57,7 +65,10 @@ def make_inventory(root: Path, storage: list[str], workers: list[str], hostvars:
 
 def site(inventory: Path, *args: str) -> Run:
     env = {**os.environ, "ANSIBLE_STDOUT_CALLBACK": "json", "ANSIBLE_NOCOLOR": "1"}
-    proc = subprocess.run([BIN / "ansible-playbook", "-i", inventory, "site.yml", *args], cwd=REPO, env=env,
+    hosts = inventory.parent / "etc-hosts"
+    hosts.write_text(Path("/etc/hosts").read_text() + NAMES)
+    proc = subprocess.run(["unshare", "--net", "--mount", "--map-root-user", "sh", "-ec", NETNS, hosts,
+                           BIN / "ansible-playbook", "-i", inventory, "site.yml", *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=300)
     report = json.loads(proc.stdout)
     failures, diffs = [], []
@@ -123,6 +134,13 @@ BAD_PLATFORMS = {
                "node2: Python 3.13 (/usr/bin/python3) has no wheels in the 'pypi' pin set, which needs "
                "Python 3.10, 3.11, 3.12"),
 }
+# Cluster addresses that resolve but are not the host's own: refused by the platform check. id -> (hostvars, message)
+BAD_ADDRESSES = {
+    "not-on-host": ({"node3": {"dglkit_cluster_address": "10.99.0.5"}},
+                    "node3: cluster address 10.99.0.5 is not an address of this host (it has 10.77.250.11,"),
+    "name-not-on-host": ({"node2": {"dglkit_cluster_address": "elsewhere.kit.test"}},
+                         "node2: cluster address 127.0.9.9 (elsewhere.kit.test) is not an address of this host"),
+}
 
 
 def ip_config_runs(root: Path, inventories: list[tuple[list[str], list[str], dict]]) -> list[Run]:
@@ -159,12 +177,16 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[Run]]:
         "ip-resolved": lambda root: ip_config_runs(root, [(["node1"], ["node2", "node3"], {
             "node2": {"dglkit_cluster_address": "127.0.5.2"}, "node3": {"dglkit_cluster_address": "localhost"}})]),
         "exports": exports_run,
-        "firewall": lambda root: [site(make_inventory(root, ["node1"], ["node2", "node3"]), "--tags", "firewall_rules",
-                                       "--check", "--diff", "-e", "dglkit_firewall=true", "--limit", "localhost,node2")],
+        # The storage host's rules (NFS included), for cluster addresses that the attack test below uses.
+        "firewall": lambda root: [site(make_inventory(root, ["node1"], ["node2", "node3"], FIREWALL_ADDRESSES,
+                                                      dglkit_shared_fs="nfs"),
+                                       "--tags", "firewall_rules", "--check", "--diff", "--limit", "localhost,node1")],
     }
     for case, (storage, workers, hostvars, settings, _) in BAD_INVENTORIES.items():
         jobs[case] = (lambda root, s=storage, w=workers, h=hostvars, o=settings:
                       [site(make_inventory(root, s, w, h, **o))])
+    for case, (hostvars, _) in BAD_ADDRESSES.items():
+        jobs[case] = lambda root, h=hostvars: [site(make_inventory(root, ["node1"], ["node2", "node3"], h))]
     for case, (facts, _) in BAD_PLATFORMS.items():
         jobs[case] = lambda root, f=facts: [site(make_inventory(root, ["node1"], ["node2"]),
                                                  "--limit", "localhost,node2", "-e", json.dumps(f))]
@@ -194,6 +216,17 @@ def test_an_unsupported_platform_fails_before_any_change(runs: dict[str, list[Ru
     assert run.returncode != 0
     assert run.failures and BAD_PLATFORMS[case][-1] in run.failures[0], run.failures
     assert all(counts["changed"] == 0 for counts in run.stats.values())
+
+
+@pytest.mark.parametrize("case", BAD_ADDRESSES)
+def test_a_cluster_address_that_is_not_the_hosts_own_fails_before_any_change(runs: dict[str, list[Run]],
+                                                                             case: str) -> None:
+    [run] = runs[case]  # the whole site.yml
+    assert run.returncode != 0
+    assert run.failures and BAD_ADDRESSES[case][-1] in run.failures[0], run.failures
+    assert set(run.stats) == {"localhost", "node1", "node2", "node3"}
+    assert all(counts["changed"] == 0 for counts in run.stats.values()), run.stats
+    assert not (run.workspace / "ip_config.txt").exists()
 
 
 def test_an_unreachable_host_stops_the_run_with_its_name(runs: dict[str, list[Run]]) -> None:
@@ -227,16 +260,80 @@ def test_exports_list_only_the_cluster_hosts(runs: dict[str, list[Run]]) -> None
     assert export == [f"{run.workspace} " + " ".join(f"127.0.0.{n}{EXPORT_OPTIONS}" for n in (11, 12, 13))]
 
 
+# Listens on every port given; prints "ready" once it does.
+LISTEN = """
+import socket, sys, time
+socks = []
+for port in sys.argv[1:]:
+    sock = socket.socket()
+    sock.bind(("0.0.0.0", int(port)))
+    sock.listen()
+    socks.append(sock)
+print("ready", flush=True)
+time.sleep(120)
+"""
+# Connects from a source address to ports of a target; prints {port: "open" | "refused" | "timeout"}.
+CONNECT = """
+import json, socket, sys
+source, target, ports = sys.argv[1], sys.argv[2], sys.argv[3:]
+def connect(port):
+    try:
+        socket.create_connection((target, int(port)), timeout=2, source_address=(source, 0)).close()
+        return "open"
+    except ConnectionRefusedError:
+        return "refused"
+    except OSError:
+        return "timeout"
+print(json.dumps({port: connect(port) for port in ports}))
+"""
+
+
+@pytest.fixture
+def netns_pair() -> Iterator[tuple[str, str]]:
+    """Two throwaway network namespaces joined by a veth: node1's (10.77.250.11) and a peer's that has a
+    cluster node's address (10.77.250.12) and an outsider's (10.77.250.99). No uplink."""
+    node, peer = f"dglkit-kit{os.getpid()}-node1", f"dglkit-kit{os.getpid()}-peer"
+    setup = [["ip", "netns", "add", node], ["ip", "netns", "add", peer],
+             ["ip", "-n", node, "link", "add", "eth0", "type", "veth", "peer", "name", "eth0", "netns", peer],
+             ["ip", "-n", node, "addr", "add", "10.77.250.11/24", "dev", "eth0"],
+             ["ip", "-n", peer, "addr", "add", "10.77.250.12/24", "dev", "eth0"],
+             ["ip", "-n", peer, "addr", "add", "10.77.250.99/24", "dev", "eth0"]]
+    setup += [["ip", "-n", ns, "link", "set", dev, "up"] for ns in (node, peer) for dev in ("lo", "eth0")]
+    try:
+        for cmd in setup:
+            subprocess.run(cmd, check=True, capture_output=True)
+        yield node, peer
+    finally:
+        for ns in (node, peer):
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
 @pytest.mark.skipif(not shutil.which("nft") or os.geteuid() != 0, reason="needs root and nft (apt-get install nftables)")
-def test_firewall_rules_load_and_reload_in_a_network_namespace(runs: dict[str, list[Run]], tmp_path: Path) -> None:
-    # The test hosts lack CAP_NET_ADMIN, so the rules are loaded into a throwaway namespace here, twice: the
-    # second load must replace the table, not fail or add to it.
+def test_firewall_rules_let_only_cluster_addresses_reach_the_kits_ports(runs: dict[str, list[Run]], tmp_path: Path,
+                                                                       netns_pair: tuple[str, str]) -> None:
     [run] = runs["firewall"]
     assert run.returncode == 0 and run.failures == [] and len(run.diffs) == 1, run.failures
     rules = tmp_path / "firewall.nft"
     rules.write_text(run.diffs[0])
-    assert "elements = { 127.0.0.11, 127.0.0.12, 127.0.0.13 }" in run.diffs[0]
-    proc = subprocess.run(["unshare", "--net", "sh", "-ec", f"nft -f {rules}; nft -f {rules}; nft list table inet dglkit"],
+    assert "elements = { 10.77.250.11, 10.77.250.12, 10.77.250.13 }" in run.diffs[0]
+    node, peer = netns_pair
+    # Loaded twice: the second load must replace the table, not fail or add to it.
+    proc = subprocess.run(["ip", "netns", "exec", node, "sh", "-ec", f"nft -f {rules}; nft -f {rules}; nft list table inet dglkit"],
                           capture_output=True, text=True, timeout=30)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.count("tcp dport { 29500, 30050-30065, 32768-60999 }") == 2, proc.stdout
+    assert proc.stdout.count("tcp dport { 111, 2049, 29500, 30050, 32768-60999 }") == 2, proc.stdout
+    # DGL server, rendezvous, NFS, rpcbind, a port from the ephemeral range, and one the kit leaves alone.
+    ports = ["30050", "29500", "2049", "111", "40000", "5000"]
+    listener = subprocess.Popen(["ip", "netns", "exec", node, sys.executable, "-c", LISTEN, *ports],
+                                stdout=subprocess.PIPE, text=True)
+    try:
+        assert listener.stdout.readline().strip() == "ready"
+        seen = {source: json.loads(subprocess.run(["ip", "netns", "exec", peer, sys.executable, "-c", CONNECT, source,
+                                                   "10.77.250.11", *ports], capture_output=True, text=True,
+                                                  timeout=60, check=True).stdout)
+                for source in ("10.77.250.12", "10.77.250.99")}
+    finally:
+        listener.kill()
+        listener.wait()
+    assert seen["10.77.250.12"] == {port: "open" for port in ports}
+    assert seen["10.77.250.99"] == {**{port: "timeout" for port in ports[:-1]}, "5000": "open"}
