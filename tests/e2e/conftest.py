@@ -21,7 +21,7 @@ from typing import Callable, Iterator
 import pytest
 import yaml
 
-from jobhelpers import CLEAN, LEFTOVERS
+from jobhelpers import CLEAN, LEFTOVERS, with_names
 
 REPO = Path(__file__).resolve().parents[2]
 TESTCLUSTER = REPO / "tests" / "cluster" / "testcluster.py"
@@ -79,19 +79,6 @@ def parse_recap(output: str) -> dict[str, dict[str, int]]:
     _, _, recap = output.rpartition("PLAY RECAP")
     return {host: {k: int(v) for k, v in (pair.split("=") for pair in counts.split())}
             for host, counts in RECAP_RE.findall(recap)}
-
-
-def flat(output: str) -> str:
-    """Output with the YAML callback's line wrapping undone."""
-    return " ".join(output.split())
-
-
-def with_names(cmd: list[str], etc_hosts: Path | None) -> list[str]:
-    """cmd in a mount namespace of its own that sees etc_hosts as /etc/hosts (inventories can then name cluster
-    addresses without touching this machine's /etc/hosts); cmd itself without etc_hosts."""
-    if etc_hosts is None:
-        return cmd
-    return ["unshare", "--mount", "sh", "-ec", 'mount --bind "$0" /etc/hosts; exec "$@"', str(etc_hosts), *cmd]
 
 
 def ansible_playbook(inventory: Path, playbook: str, *args: str, check: bool = True,

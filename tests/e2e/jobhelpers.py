@@ -34,6 +34,14 @@ def flat(output: str) -> str:
     return " ".join(output.split())
 
 
+def with_names(cmd: list[str], etc_hosts: Path | None) -> list[str]:
+    """cmd in a mount namespace of its own that sees etc_hosts as /etc/hosts (inventories can then name cluster
+    addresses without touching this machine's /etc/hosts); cmd itself without etc_hosts."""
+    if etc_hosts is None:
+        return cmd
+    return ["unshare", "--mount", "sh", "-ec", 'mount --bind "$0" /etc/hosts; exec "$@"', str(etc_hosts), *cmd]
+
+
 def run_folder(output: str) -> Path:
     """The run folder train.yml printed at the end."""
     found = re.search(r"run folder: (/[^\s']+)", flat(output))

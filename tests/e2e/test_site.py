@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Iterator
 import pytest
 import yaml
 
-from conftest import flat
+from jobhelpers import flat
 
 if TYPE_CHECKING:
     from conftest import Cluster, PlaybookRun

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Callable, Iterator
 
 import pytest
 
-from conftest import flat, with_names
+from jobhelpers import flat, run_folder, with_names
 
 if TYPE_CHECKING:
     from conftest import Cluster
@@ -122,12 +122,6 @@ def start_train(cluster: Cluster, runs: Path, *args: str) -> subprocess.Popen:
                             env={**os.environ, "ANSIBLE_NOCOLOR": "1", "ANSIBLE_FORCE_COLOR": "0"})
     BACKGROUND.append(proc)
     return proc
-
-
-def run_folder(output: str) -> Path:
-    found = re.search(r"run folder: (/[^\s']+)", flat(output))
-    assert found, output[-3000:]
-    return Path(found.group(1))
 
 
 def workers(cluster: Cluster) -> list[str]:
