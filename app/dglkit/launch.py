@@ -260,6 +260,8 @@ def check_executables(command: str, cwd: Path, path: str, node: str) -> None:
                             f"{cwd}): install it or fix the command")
     if words[0] != python:
         return
+    if not any(word in ("-m", "-c") or not word.startswith("-") for word in words[1:]):
+        raise UserError(f"the command {command!r} gives python no script: name the script or module it runs")
     script = next((word for word in words[1:] if not word.startswith("-")), None)
     if script and script.endswith(".py") and "-m" not in words[1:words.index(script)] and not (cwd / script).is_file():
         raise UserError(f"{python} would run {script}, which is not in {cwd} on {node}: fix the command or the "
@@ -289,6 +291,9 @@ class Launcher:
             self.log_file.flush()
 
     def start(self, name: str, command: str, env: dict[str, str], log: Path) -> None:
+        # A plain `python ...` replaces the shell, so that it gets the death signal below itself.
+        if PYTHON_WORD.match(command) and not re.search(r"[;&|<>()`$]", command):
+            command = f"exec {command}"
         with open(log, "ab") as out:
             # Own process group (stopped by PGID); SIGTERM if the launcher itself dies.
             self.procs[name] = subprocess.Popen(
@@ -331,6 +336,12 @@ class Launcher:
             listening = {conn.laddr.port for name, proc in self.procs.items() if proc.poll() is None
                          for conn in safe_connections(proc.pid) if conn.status == psutil.CONN_LISTEN}
             if ports <= listening:
+                return
+            ended = [name for name, proc in self.procs.items() if proc.poll() == 0]
+            if ended:
+                # A server that is done before it listens never ran DGL's initialize() (a command that is
+                # not a DGL program, a script that returns early).
+                self.fail(ended[0], 0, "exited before it listened on its port", self.logs[ended[0]])
                 return
             if self.check_processes() or self.check_outside() or time.time() > deadline:
                 if self.state == "starting":

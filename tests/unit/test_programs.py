@@ -65,6 +65,7 @@ def test_check_expands_the_command_and_starts_nothing(cli, partition_1, tmp_path
     ("python3.99 train_dist.py", "`python3.99` of the command is not an executable"),
     ("no-such-tool --wrap python3 train_dist.py", "`no-such-tool` of the command is not an executable"),
     ("./train.sh {graph_name}", "starts no python"),
+    ("python3", "gives python no script"),
     ("python3 train_dist.py --name 'unclosed", "not a valid shell command line"),
 ])
 def test_bad_commands_are_refused_before_anything_starts(cli, partition_1, tmp_path, command, error):
@@ -123,7 +124,7 @@ def test_a_program_silent_longer_than_the_stall_timeout_trains_with_launchpys_en
     epochs = [m for m in map(json.loads, (job_dir / "metrics.jsonl").read_text().splitlines()) if m["event"] == "epoch"]
     assert [m["epoch"] for m in epochs] == [0, 1, 2] and epochs[-1]["val_acc"] > 0.6, epochs  # chance 0.2
     # tabulate (the program's own requirement) printed the final table.
-    assert "epoch      loss    val_acc" in (job_dir / "nodes/n1/torchrun.log").read_text()
+    assert "epoch    loss    val_acc" in (job_dir / "nodes/n1/torchrun.log").read_text()
     assert json.loads(dglkit("report", "--job-dir", job_dir).stdout.splitlines()[-1])["epochs"] == 3
     assert (job_dir / "curves.png").stat().st_size > 0
     assert_job_gone(job_dir, ports, shm_before)
