@@ -53,6 +53,7 @@ def main(args):
     pb = g.get_partition_book()
     train_nid = dgl.distributed.node_split(g.ndata["train_mask"], pb, force_even=True)
     val_nid = dgl.distributed.node_split(g.ndata["val_mask"], pb, force_even=True)
+    test_nid = dgl.distributed.node_split(g.ndata["test_mask"], pb, force_even=True)
     n_classes = int(g.ndata["labels"][0:g.num_nodes()].max()) + 1
     sampler = dgl.dataloading.NeighborSampler([int(f) for f in args.fan_out.split(",")])
     loader = dgl.dataloading.DistNodeDataLoader(g, train_nid, sampler, batch_size=args.batch_size, shuffle=True)
@@ -95,11 +96,14 @@ def main(args):
         if metrics:
             metrics.write(json.dumps(record) + "\n")
             metrics.flush()
+    test_acc = accuracy(model.module, g, test_nid, sampler, args.batch_size)
     print(tabulate(rows, headers=["epoch", "loss", "val_acc"], floatfmt=".4f"), flush=True)
+    print(f"Part {rank} | Test Acc {test_acc:.4f}", flush=True)
     if metrics:
+        metrics.write(json.dumps({"event": "test", "test_acc": test_acc, "val_acc": val_acc}) + "\n")
         metrics.close()
         with open(os.path.join(args.output_dir, "result.json"), "w") as f:
-            json.dump({"val_acc": val_acc, "num_epochs": args.num_epochs, "host": socket.gethostname()}, f)
+            json.dump({"val_acc": val_acc, "test_acc": test_acc, "num_epochs": args.num_epochs}, f)
 
 
 if __name__ == "__main__":
