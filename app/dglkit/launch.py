@@ -61,6 +61,8 @@ PYTHON_WORD = re.compile(r"(?:^|(?<=[\s;&|(]))((?:[^\s;&|()]*/)?python[0-9.]*)(?
 # The line that starts torchrun's report of a failed trainer.
 TORCHRUN_REPORT = re.compile(r"^.*torch\.distributed\.elastic\.multiprocessing\.api.*failed \(exitcode", re.M)
 SHELL_BUILTINS = {"cd", "exec", "export", "set", "eval", ".", "source", "(", "{", "ulimit", "umask", "true"}
+# Its sitecustomize makes an uncaught exception end a job's process instead of hanging in DGL's exit.
+JOBSITE = Path(__file__).resolve().parent / "jobsite"
 STATUS_EVERY = 2.0
 # Servers load their partition before they listen, trainers import torch and dgl before they log: on a
 # large graph or a busy machine that takes minutes, whatever --stall-timeout says.
@@ -307,8 +309,9 @@ class Launcher:
         """The command as DGL servers, then through torchrun as the trainers, each with launch.py's environment."""
         cfg, job = self.cfg, self.job
         num_machines = len(job["machines"])
-        env = dict(os.environ, PATH=job["path"], DGLBACKEND="pytorch", PYTHONUNBUFFERED="1",
-                   GLOO_SOCKET_IFNAME=job["ifname"], DGL_DIST_MAX_TRY_TIMES=str(cfg.connect_retries),
+        pythonpath = os.pathsep.join(filter(None, [str(JOBSITE), os.environ.get("PYTHONPATH")]))
+        env = dict(os.environ, PATH=job["path"], PYTHONPATH=pythonpath, DGLBACKEND="pytorch",
+                   PYTHONUNBUFFERED="1", GLOO_SOCKET_IFNAME=job["ifname"], DGL_DIST_MAX_TRY_TIMES=str(cfg.connect_retries),
                    DGL_NUM_CLIENT=str(cfg.num_trainers * (1 + cfg.num_samplers) * num_machines),
                    DGL_CONF_PATH=str(job["part_config"]), DGL_IP_CONFIG=str(job["ip_config"]),
                    DGL_NUM_SERVER=str(cfg.num_servers), DGL_NUM_SAMPLER=str(cfg.num_samplers),

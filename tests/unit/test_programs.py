@@ -137,7 +137,13 @@ def test_a_crashing_program_fails_the_job_with_its_traceback(partition_1, progra
     shm_before = set(os.listdir("/dev/shm"))
     launch_proc, ports = start_program(job_dir, partition_1, program_site, "--grace", 5,
                                        command=COMMAND + " --crash_rank 1 --crash_epoch 1")
-    assert launch_proc.wait(timeout=240) == 1, (job_dir / "launch.out").read_text()[-3000:]
+    log = job_dir / "nodes/n1/torchrun.log"
+    deadline = time.time() + 200
+    while not (log.exists() and "Epoch 00000" in log.read_text()):
+        assert launch_proc.poll() is None and time.time() < deadline, (job_dir / "launch.out").read_text()[-3000:]
+        time.sleep(0.3)
+    # Epoch 1 raises a step or two later: the job fails within seconds, not in DGL's exit.
+    assert launch_proc.wait(timeout=60) == 1, (job_dir / "launch.out").read_text()[-3000:]
     failed = json.loads((job_dir / "FAILED").read_text())
     assert failed["process"] == "trainer-1" and failed["log"].endswith("torchrun.log"), failed
     assert "RuntimeError: injected crash on rank 1 in epoch 1" in failed["log_tail"][-1], failed["log_tail"]
