@@ -6,9 +6,11 @@ set DGLKIT_KEEP_CLUSTERS=1 to keep them for debugging (`testcluster.py status` l
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -26,7 +28,13 @@ KEEP = os.environ.get("DGLKIT_KEEP_CLUSTERS") == "1"
 PREFIX = os.environ.get("DGLKIT_CLUSTER_PREFIX", "")
 # The controller tools of the environment pytest runs in (.venv/bin).
 BIN = Path(sys.executable).parent
+# Venvs that site.yml built, kept for later clusters of the same pins (tests/e2e/conftest.py, Cluster.stand_up).
+VENV_SEEDS = Path("/var/cache/dglkit/venv-seed")
 RECAP_RE = re.compile(r"^(\S+)\s+:\s+((?:\w+=\d+\s*)+)$", re.M)
+
+
+# Per test, its share of module fixtures included (a cluster and site.yml take minutes under load).
+E2E_TIMEOUT = 1800
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -34,6 +42,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if here in item.path.parents:
             item.add_marker(pytest.mark.e2e)
+            if item.get_closest_marker("timeout") is None:
+                item.add_marker(pytest.mark.timeout(E2E_TIMEOUT))
 
 
 def testcluster(*args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -122,6 +132,31 @@ class Cluster:
     def playbook(self, playbook: str, *args: str, check: bool = True, timeout: float = 1200) -> PlaybookRun:
         return ansible_playbook(self.inventory, playbook, *args, check=check, timeout=timeout)
 
+    def stand_up(self, *args: str) -> PlaybookRun:
+        """site.yml, starting from the venv that an earlier cluster's site.yml built for the same pins and host
+        Python (seconds instead of a 5 GB pip install; tests/e2e/test_site.py runs the real install)."""
+        seed, venv = self.venv_seed(), self.workspace / "venv"
+        if seed.is_dir() and not venv.exists():
+            copy_venv(seed, venv)
+        run = self.playbook("site.yml", *args)
+        self.keep_venv()
+        return run
+
+    def keep_venv(self) -> None:
+        """Keep this cluster's venv as the seed for later clusters, once per pin set."""
+        seed, venv = self.venv_seed(), self.workspace / "venv"
+        if seed.is_dir() or not (venv / "dglkit-requirements" / "installed.txt").is_file():
+            return
+        partial = seed.with_name(seed.name + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        copy_venv(venv, partial)
+        partial.rename(seed)
+
+    def venv_seed(self) -> Path:
+        python = self.ssh(next(iter(self.hosts())), "python3 -V").stdout.strip()
+        pins = "".join(path.read_text() for path in sorted((REPO / "app" / "requirements").glob("*.txt")))
+        return VENV_SEEDS / hashlib.sha256(f"{python}\n{pins}".encode()).hexdigest()[:16]
+
     def ansible(self, pattern: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
         """An ad-hoc `ansible PATTERN ARGS...` against the cluster's inventory; the caller checks the result."""
         return subprocess.run([str(BIN / "ansible"), "-i", str(self.inventory), pattern, *args], cwd=REPO,
@@ -135,6 +170,15 @@ class Cluster:
         if check and proc.returncode:
             pytest.fail(f"{host}: `{command}` exited {proc.returncode}:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
         return proc
+
+
+def copy_venv(src: Path, dest: Path) -> None:
+    """lib/ (the installed packages, nearly all of it) as hard links, the rest as copies: the kit rewrites its
+    records in dglkit-requirements/ and tests edit them in place, which must not reach the seed."""
+    dest.mkdir(parents=True)
+    for entry in src.iterdir():
+        link = ["-l"] if entry.name == "lib" else []
+        subprocess.run(["cp", "-a", *link, str(entry), str(dest / entry.name)], check=True)
 
 
 @pytest.fixture(scope="module")

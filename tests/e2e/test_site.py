@@ -24,8 +24,11 @@ WORKSPACE = "/srv/dglkit"
 @pytest.fixture(scope="module")
 def runs(cluster: Cluster) -> dict[str, PlaybookRun]:
     """On the fresh cluster: --check, the real run, a second run, --check again."""
-    return {name: cluster.playbook("site.yml", *args) for name, args in
+    runs = {name: cluster.playbook("site.yml", *args) for name, args in
             [("fresh-check", ["--check"]), ("first", []), ("second", []), ("set-up-check", ["--check"])]}
+    # The venv pip built here seeds the later modules' clusters.
+    cluster.keep_venv()
+    return runs
 
 
 @contextmanager

@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterator
 
 import pytest
 
@@ -53,7 +53,7 @@ print(json.dumps({'procs': procs, 'ports': sorted(ports & {29500, 30050}), 'shm'
 
 @pytest.fixture(scope="module")
 def site(cluster: Cluster) -> Cluster:
-    cluster.playbook("site.yml")
+    cluster.stand_up()
     return cluster
 
 
@@ -66,12 +66,31 @@ def train(cluster: Cluster, runs: Path, *args: str, check: bool = True):
     return cluster.playbook("playbooks/train.yml", "-e", f"dgl_job_run_dir={runs}", *args, check=check)
 
 
+# train.yml runs started in the background by the current test.
+BACKGROUND: list[subprocess.Popen] = []
+
+
+@pytest.fixture(autouse=True)
+def stop_background_jobs(cluster: Cluster) -> Iterator[None]:
+    """A test that fails while its train.yml runs must not leave that job to the next test."""
+    yield
+    left = [proc for proc in BACKGROUND if proc.poll() is None]
+    for proc in left:
+        proc.kill()
+        proc.communicate()
+    BACKGROUND.clear()
+    if left:
+        cluster.playbook("playbooks/stop.yml", check=False)
+
+
 def start_train(cluster: Cluster, runs: Path, *args: str) -> subprocess.Popen:
     """train.yml in the background (stdout+stderr in one pipe)."""
     cmd = [str(BIN / "ansible-playbook"), "-i", str(cluster.inventory), "playbooks/train.yml",
            "-e", f"dgl_job_run_dir={runs}", *args]
-    return subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "ANSIBLE_NOCOLOR": "1", "ANSIBLE_FORCE_COLOR": "0"})
+    BACKGROUND.append(proc)
+    return proc
 
 
 def flat(output: str) -> str:

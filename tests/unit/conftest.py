@@ -6,12 +6,12 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from localjob import TRAIN_ARGS, start_local_job
+from localjob import TRAIN_ARGS, start_local_job, stop_started_launchers
 
 APP = Path(__file__).resolve().parents[2] / "app"
 # Big enough for GraphSAGE to beat chance clearly in a few epochs, small enough to partition in a second.
@@ -39,6 +39,13 @@ def build(*args: object) -> None:
 def last_json(output: str) -> dict:
     """The result line every command prints last (docs/design.md)."""
     return json.loads(output.strip().splitlines()[-1])
+
+
+@pytest.fixture(autouse=True)
+def stop_leftover_launchers() -> Iterator[None]:
+    """A test that fails while its launcher runs must not leave it (and its servers and trainers) to the next."""
+    yield
+    stop_started_launchers()
 
 
 @pytest.fixture(scope="session")

@@ -27,14 +27,35 @@ def free_ports(count: int) -> int:
     raise RuntimeError("no free port range found")
 
 
+# Every launcher a test started, so that one a failed test left running is stopped before the next test.
+STARTED: list[subprocess.Popen] = []
+
+
 def start_launch(job_dir: Path, *args: object, pythonpath: tuple[Path, ...] = ()) -> subprocess.Popen:
     """`dglkit launch --job-dir JOB_DIR ARGS` in the background, output in JOB_DIR/launch.out; the job's
     processes import the app and whatever `pythonpath` adds."""
     job_dir.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, (APP, *pythonpath)))}
     with open(job_dir / "launch.out", "w") as out:
-        return subprocess.Popen([sys.executable, "-m", "dglkit", "launch", "--job-dir", job_dir, *map(str, args)],
-                                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+        launch = subprocess.Popen([sys.executable, "-m", "dglkit", "launch", "--job-dir", job_dir, *map(str, args)],
+                                  stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+    STARTED.append(launch)
+    return launch
+
+
+def stop_started_launchers(grace: float = 30) -> None:
+    """SIGTERM every launcher still running (each stops its servers and trainers in order), SIGKILL after
+    `grace` seconds (its children then get SIGTERM from the kernel: the launcher sets PDEATHSIG)."""
+    for launch in STARTED:
+        if launch.poll() is None:
+            launch.terminate()
+    for launch in STARTED:
+        try:
+            launch.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            launch.kill()
+            launch.wait()
+    STARTED.clear()
 
 
 # Small and fast, yet GraphSAGE clearly beats chance (1/5) on the synthetic graph.

@@ -10,6 +10,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import vmlab  # noqa: E402
 
 HOSTS = ["node1", "node2", "node3"]  # node1 is the storage host
+# Per test, its share of the session's VM boot included: TCG emulation boots three VMs in minutes.
+VM_TIMEOUT = 2700
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
+    for item in items:
+        if here in item.path.parents and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(VM_TIMEOUT))
 
 
 @pytest.fixture(scope="session")
