@@ -91,6 +91,14 @@ def start_program(job_dir: Path, part_config: Path, site: Path, *args: object, c
     return proc, [base, base + 1, base + 2]
 
 
+def wait_for_text(launch_proc, path: Path, text: str, timeout: float = 200) -> None:
+    deadline = time.time() + timeout
+    while not (path.exists() and text in path.read_text()):
+        assert launch_proc.poll() is None, f"the launcher exited {launch_proc.returncode} before {path} had {text!r}"
+        assert time.time() < deadline, f"{path} has no {text!r} after {timeout:.0f} s"
+        time.sleep(0.3)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_program_silent_longer_than_the_stall_timeout_trains_with_launchpys_environment(
@@ -100,10 +108,7 @@ def test_a_program_silent_longer_than_the_stall_timeout_trains_with_launchpys_en
     launch_proc, ports = start_program(job_dir, partition_1, program_site, "--stall-timeout", 5,
                                        command=COMMAND + " --quiet_seconds 15")
     status_file = job_dir / "nodes/n1/status.json"
-    deadline = time.time() + 180
-    while not (job_dir / "metrics.jsonl").exists() or '"epoch"' not in (job_dir / "metrics.jsonl").read_text():
-        assert launch_proc.poll() is None and time.time() < deadline, (job_dir / "launch.out").read_text()[-3000:]
-        time.sleep(0.3)
+    wait_for_text(launch_proc, job_dir / "metrics.jsonl", '"epoch"')
     # Epoch 0 is done and the program is quiet for 15 s: look at the environment DGL's launch.py would give.
     pids = {p["name"]: p["pid"] for p in json.loads(status_file.read_text())["processes"]}
     server = psutil.Process(pids["server-1"]).environ()
@@ -137,11 +142,7 @@ def test_a_crashing_program_fails_the_job_with_its_traceback(partition_1, progra
     shm_before = set(os.listdir("/dev/shm"))
     launch_proc, ports = start_program(job_dir, partition_1, program_site, "--grace", 5,
                                        command=COMMAND + " --crash_rank 1 --crash_epoch 1")
-    log = job_dir / "nodes/n1/torchrun.log"
-    deadline = time.time() + 200
-    while not (log.exists() and "Epoch 00000" in log.read_text()):
-        assert launch_proc.poll() is None and time.time() < deadline, (job_dir / "launch.out").read_text()[-3000:]
-        time.sleep(0.3)
+    wait_for_text(launch_proc, job_dir / "nodes/n1/torchrun.log", "Epoch 00000")
     # Epoch 1 raises a step or two later: the job fails within seconds, not in DGL's exit.
     assert launch_proc.wait(timeout=60) == 1, (job_dir / "launch.out").read_text()[-3000:]
     failed = json.loads((job_dir / "FAILED").read_text())
