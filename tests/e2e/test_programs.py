@@ -116,13 +116,17 @@ def test_a_crashing_program_stops_every_node_with_its_traceback(site: Cluster, r
                       "dgl_job_poll_seconds=5", check=False)
     output = flat(run.output)
     assert run.returncode != 0
-    assert "failed on node3: trainer-1: exited with exit code 1" in output, run.output[-4000:]
-    assert "RuntimeError: injected crash on rank 1 in epoch 1" in output, run.output[-4000:]
-    job_dir = site.workspace / "jobs" / re.search(r"job (\S+) failed on node3", output).group(1)
+    # Rank 1 (node3) raises; rank 0 (node2) then fails in its all-reduce: whichever launcher notices first
+    # names its node, and the end of that trainer's output follows.
+    found = re.search(r"job (\S+) failed on (node[23]): trainer-[01]: exited with exit code 1; .* last lines of "
+                      r"\S+/torchrun.log: .*RuntimeError: ", output)
+    assert found, run.output[-4000:]
+    job_dir = site.workspace / "jobs" / found.group(1)
+    assert "RuntimeError: injected crash on rank 1 in epoch 1" in (job_dir / "nodes/node3/torchrun.log").read_text()
     failed = json.loads((job_dir / "FAILED").read_text())
-    stopped = json.loads((job_dir / "nodes/node2/status.json").read_text())
-    assert stopped["state"] == "failed" and "node node3 failed" in stopped["reason"], stopped
-    assert stopped["updated"] - failed["time"] < 15
+    other = {"node2": "node3", "node3": "node2"}[failed["node"]]
+    stopped = json.loads((job_dir / "nodes" / other / "status.json").read_text())
+    assert stopped["state"] == "failed" and stopped["updated"] - failed["time"] < 15, stopped
     assert_no_program_left(site)
 
 

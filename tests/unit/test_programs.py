@@ -146,6 +146,7 @@ def test_a_crashing_program_fails_the_job_with_its_traceback(partition_1, progra
     # Epoch 1 raises a step or two later: the job fails within seconds, not in DGL's exit.
     assert launch_proc.wait(timeout=60) == 1, (job_dir / "launch.out").read_text()[-3000:]
     failed = json.loads((job_dir / "FAILED").read_text())
-    assert failed["process"] == "trainer-1" and failed["log"].endswith("torchrun.log"), failed
-    assert "RuntimeError: injected crash on rank 1 in epoch 1" in failed["log_tail"][-1], failed["log_tail"]
+    assert failed["process"] in ("trainer-0", "trainer-1") and failed["log"].endswith("torchrun.log"), failed
+    # torchrun's report is cut off; the trainer's exception is there (followed by its peer's, in a 1-node job).
+    assert "RuntimeError: injected crash on rank 1 in epoch 1" in failed["log_tail"], failed["log_tail"]
     assert_job_gone(job_dir, ports, shm_before)
