@@ -76,7 +76,7 @@ def test_a_launchpy_program_trains_with_a_requirement_from_the_wheelhouse(site: 
     assert "/opt/dglkit-offline/wheelhouse/tabulate-" in installed, installed
     assert site.ssh("node2", "/srv/dglkit/venv/bin/python -c 'import tabulate'", check=False).returncode != 0
     assert site.ssh("node2", f"{env}/bin/python -c 'import tabulate, dgl, torch; print(torch.__version__)'"
-                    ).stdout.strip() == "2.2.1"
+                    ).stdout.startswith("2.2.1")  # the PyPI wheel says 2.2.1+cu121
     assert_no_program_left(site)
 
 
