@@ -67,6 +67,10 @@ class PlaybookRun:
     def failed_hosts(self) -> list[str]:
         return sorted(h for h, c in self.recap.items() if c["failed"] or c["unreachable"])
 
+    def flat(self) -> str:
+        """The output with the YAML callback's line wrapping undone."""
+        return " ".join(self.output.split())
+
 
 def parse_recap(output: str) -> dict[str, dict[str, int]]:
     _, _, recap = output.rpartition("PLAY RECAP")

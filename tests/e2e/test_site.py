@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 REPO = Path(__file__).resolve().parents[2]
 PINS = dict(re.findall(r"(?m)^(dgl|torch)==(\S+)$", (REPO / "app/requirements/node.txt").read_text()))
 WORKSPACE = "/srv/dglkit"
+USER, UID = "dglkit", 30050  # the job account and its default ids
 
 
 @pytest.fixture(scope="module")
@@ -93,14 +94,52 @@ def test_a_re_run_skips_the_slow_steps_and_redoes_those_whose_records_went_stale
     assert cluster.playbook("site.yml").changed_hosts() == []
 
 
+def test_the_job_account_has_the_same_ids_everywhere_and_writes_only_job_data(
+        cluster: Cluster, runs: dict[str, PlaybookRun]) -> None:
+    for host in cluster.hosts():
+        assert cluster.ssh(host, f"id {USER}").stdout.strip() == f"uid={UID}({USER}) gid={UID}({USER}) groups={UID}({USER})"
+        attempts = " ".join(f"{WORKSPACE}/{path}" for path in
+                            ("jobs/w", "datasets/w", "partitions/w", "venv/w", "venv/bin/w", "app/w", "app/dglkit/w", "w"))
+        # touch each path as the account; print which ones it could create, then remove them as root.
+        out = cluster.ssh(host, f"for p in {attempts}; do runuser -u {USER} -- touch $p 2>/dev/null && echo $p; done;"
+                                f" rm -f {attempts}").stdout.split()
+        assert out == [f"{WORKSPACE}/{d}/w" for d in ("jobs", "datasets", "partitions")], (host, out)
+    owners = {path: (cluster.workspace / path).stat() for path in ("jobs", "datasets", "partitions", "venv", "app")}
+    assert {p: (s.st_uid, s.st_gid) for p, s in owners.items()} == {
+        "jobs": (UID, UID), "datasets": (UID, UID), "partitions": (UID, UID), "venv": (0, 0), "app": (0, 0)}
+
+
+def test_account_ids_taken_on_a_host_are_refused_before_any_change(cluster: Cluster,
+                                                                    runs: dict[str, PlaybookRun]) -> None:
+    # The account exists everywhere with the default ids; asking for others is an error on every host.
+    run = cluster.playbook("site.yml", "-e", f"dglkit_user_uid={UID + 1}", "-e", f"dglkit_user_gid={UID + 1}", check=False)
+    assert run.returncode != 0
+    assert f"account {USER} exists with uid {UID} and gid {UID}, but the kit needs uid {UID + 1}" in run.flat()
+    assert run.changed_hosts() == [], run.recap
+    # Another account holds the uid and gid on one host: that host is named, nothing changes anywhere.
+    cluster.ssh("node3", f"groupadd -g {UID + 7} squatter && useradd -u {UID + 7} -g squatter squatter")
+    try:
+        run = cluster.playbook("site.yml", "-e", "dglkit_user=dgltwo", "-e", f"dglkit_user_uid={UID + 7}",
+                               "-e", f"dglkit_user_gid={UID + 7}", check=False)
+    finally:
+        cluster.ssh("node3", "userdel squatter")
+    assert run.returncode != 0
+    assert (f"node3: uid {UID + 7} belongs to the account squatter: set dglkit_user_uid to a uid that is free on every"
+            f" node; gid {UID + 7} belongs to the group squatter") in run.flat(), run.output[-3000:]
+    assert run.changed_hosts() == [], run.recap
+    for host in cluster.hosts():
+        assert cluster.ssh(host, "getent passwd dgltwo", check=False).returncode == 2, host
+
+
 def test_nodes_ssh_to_each_other_with_strict_host_key_checking(cluster: Cluster,
                                                                runs: dict[str, PlaybookRun]) -> None:
     targets = [name for host in cluster.hosts().items() for name in host]
     loop = " ".join(targets)
     for host in cluster.hosts():
         # No DNS on the test network: names work through the kit's ssh_config, addresses directly.
-        out = cluster.ssh(host, f"for t in {loop}; do ssh -o BatchMode=yes -o StrictHostKeyChecking=yes "
-                                f"-o UserKnownHostsFile=/dev/null $t hostname; done").stdout.split()
+        out = cluster.ssh(host, f"runuser -u {USER} -- sh -c 'for t in {loop}; do ssh -o BatchMode=yes "
+                                f"-o StrictHostKeyChecking=yes -o UserKnownHostsFile=/dev/null $t hostname; done'"
+                          ).stdout.split()
         assert out == [name for name in cluster.hosts() for _ in range(2)], (host, out)
 
 

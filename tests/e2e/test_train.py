@@ -29,6 +29,8 @@ JOB = ["-e", "dgl_job_synthetic_nodes=20000", "-e", "dgl_job_epochs=3", "-e", "d
 # A job that runs until a test stops it; polled every 5 s so that the playbook reacts quickly.
 ENDLESS = ["-e", "dgl_job_synthetic_nodes=20000", "-e", "dgl_job_epochs=1000", "-e", "dgl_job_batch_size=100",
            "-e", "dgl_job_poll_seconds=5", "-e", "dgl_job_force=true"]
+# The job account's default uid: the owner of everything a job writes.
+ACCOUNT_UID = 30050
 # One host-side look for leftovers of a job: processes, listening DGL/rendezvous ports, /dev/shm, the unit.
 LEFTOVERS = r"""
 import json, os, subprocess
@@ -157,6 +159,9 @@ def test_train_across_hosts(site: Cluster, runs: Path) -> None:
             assert (folder / "nodes" / node / log).stat().st_size > 0, (node, log)
         assert (folder / "nodes" / node / "torchrun.log").exists()
     assert "graphbolt       no" in (folder / "summary.txt").read_text()
+    # prepare, partition, the launchers and report ran as the job account: it owns all the job data.
+    data = [p for top in ("datasets", "partitions", "jobs") for p in (site.workspace / top).rglob("*")]
+    assert data and {p: p.stat().st_uid for p in data if p.stat().st_uid != ACCOUNT_UID} == {}
     assert_clean(site)
 
 
@@ -217,8 +222,21 @@ def test_a_killed_server_fails_the_job_naming_its_host(site: Cluster, runs: Path
 
 
 def test_stop_stops_a_running_job_everywhere(site: Cluster, runs: Path) -> None:
-    proc = start_train(site, runs, *ENDLESS, "-e", "dgl_job_id=e2e-stop")
+    # With limits, which the test hosts accept but do not enforce (no delegated memory controller).
+    proc = start_train(site, runs, *ENDLESS, "-e", "dgl_job_id=e2e-stop", "-e", "dgl_job_memory_max=6G",
+                       "-e", "dgl_job_cpu_quota=150%")
     wait_for_epoch(site, "e2e-stop", "node2")
+    for host in workers(site):
+        # Every process of the job's unit (launcher, servers, torchrun, trainers) runs as the job account.
+        listing = site.ssh(host, "ps -e -o unit=,user=,args=").stdout.splitlines()
+        job = [line.split(None, 2) for line in listing if line.startswith("dglkit-job.service ")]
+        assert len(job) >= 4 and {user for _, user, _ in job} == {"dglkit"}, (host, job)
+        # In the unit's sandbox even the account's own datasets are read-only; only the job directory is not.
+        attempt = ("nsenter --target $(systemctl show -P MainPID dglkit-job) --mount --setuid {0} --setgid {0} "
+                   "touch {1}/x").format(ACCOUNT_UID, "/srv/dglkit/datasets")
+        denied = site.ssh(host, attempt, check=False)
+        assert denied.returncode != 0 and "Read-only file system" in denied.stderr, (host, denied.stderr)
+        site.ssh(host, attempt.replace("/srv/dglkit/datasets", "/srv/dglkit/jobs/e2e-stop") + " && rm /srv/dglkit/jobs/e2e-stop/x")
     status = site.playbook("playbooks/status.yml")
     assert flat(status.output).count("dglkit job e2e-stop: active") == 2, status.output[-3000:]
     stop = site.playbook("playbooks/stop.yml")

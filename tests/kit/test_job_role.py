@@ -136,6 +136,8 @@ def test_job_json_of_a_resized_cluster_uses_the_new_partition(records: dict) -> 
     ("trainers", "dgl_job_trainers must be >= 1"),
     ("files-path", "dgl_job_dataset=files needs dgl_job_files_path"),
     ("job-id", "dgl_job_id=../elsewhere: use letters, digits"),
+    ("memory-max", "dgl_job_memory_max=8GB: use bytes with K, M, G or T (e.g. 48G), a percentage"),
+    ("cpu-quota", "dgl_job_cpu_quota=2: use a percentage of one core (400% = four cores)"),
     ("program-dir", "dgl_program_dir=/nonexistent/project: no such directory on the controller"),
     ("program-placeholder", "dgl_program_command names unknown placeholder(s) {graf_name}; known: {ip_config}"),
     ("program-command", "dgl_program_command is empty"),

@@ -21,7 +21,8 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 LOCAL = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
-EXPORT_OPTIONS = "(rw,sync,no_subtree_check,no_root_squash)"
+# root_squash, and root on a client squashed to the job account, never to root.
+EXPORT_OPTIONS = "(rw,sync,no_subtree_check,root_squash,anonuid=30050,anongid=30050)"
 
 
 @dataclass
@@ -96,6 +97,22 @@ BAD_INVENTORIES = {
                           "dglkit_server_port '30050x' is not a port number"),
     "bad-shared-fs": (["node1"], ["node2"], {}, {"dglkit_shared_fs": "nfs4"},
                       "dglkit_shared_fs must be one of: nfs, existing"),
+    "tmp-workspace": (["node1"], ["node2"], {}, {"dglkit_workspace": "/tmp"},
+                      "dglkit_workspace '/tmp' is a system directory: use a directory of its own, e.g. /srv/dglkit"),
+    "srv-workspace": (["node1"], ["node2"], {}, {"dglkit_workspace": "/srv"},
+                      "dglkit_workspace '/srv' is a system directory"),
+    "dotdot-workspace": (["node1"], ["node2"], {}, {"dglkit_workspace": "/srv/../etc"},
+                         "dglkit_workspace '/srv/../etc' has an empty, '.' or '..' component: write the real path"),
+    "system-venv": (["node1"], ["node2"], {}, {"dglkit_venv_dir": "/usr/local"},
+                    "dglkit_venv_dir '/usr/local' is a system directory"),
+    "kernel-wheelhouse": (["node1"], ["node2"], {}, {"dglkit_wheelhouse_dir": "/proc/wheels"},
+                          "dglkit_wheelhouse_dir '/proc/wheels' is on a kernel or runtime filesystem"),
+    "root-user": (["node1"], ["node2"], {}, {"dglkit_user": "root"},
+                  "dglkit_user 'root' is a system account: jobs run as an unprivileged account of their own"),
+    "bad-user": (["node1"], ["node2"], {}, {"dglkit_user": "DGL kit"}, "dglkit_user 'DGL kit' is not a valid account name"),
+    "uid-zero": (["node1"], ["node2"], {}, {"dglkit_user_uid": 0},
+                 "dglkit_user_uid '0' is not an id from 1000 to 2147483646 (65534 is nobody): set a number that is free"),
+    "gid-nobody": (["node1"], ["node2"], {}, {"dglkit_user_gid": 65534}, "dglkit_user_gid '65534' is not an id from 1000"),
 }
 # The controller is Debian 12 with Python 3.11; other platforms are given as facts through -e, which
 # outranks gathered facts. id -> (facts, expected message)
