@@ -3,10 +3,12 @@ growing size, 2 and 4 parts, with and without GraphBolt. Appends to bench/result
 
     .venv/bin/python bench/partition.py --sizes 100k,1M --runs 3
     .venv/bin/python bench/partition.py --sizes products,products-dgl --parts 2 --graphbolt on --runs 1
+    .venv/bin/python bench/partition.py --sizes products-dgl --parts 2,4 --builders lean --reuse-data
     .venv/bin/python bench/partition.py --quick
 """
 
 import argparse
+import itertools
 import json
 import shutil
 from pathlib import Path
@@ -33,6 +35,9 @@ def main() -> None:
     parser.add_argument("--sizes", type=parse_sizes, default=["100k", "1M"], help=f"comma list of {', '.join(SIZES)}")
     parser.add_argument("--parts", default="2,4", help="comma list of partition counts")
     parser.add_argument("--graphbolt", choices=("off", "on", "both"), default="both")
+    parser.add_argument("--builders", default="lean", help="comma list of `dglkit partition --builder` values")
+    parser.add_argument("--reuse-data", action="store_true",
+                        help="partition the dataset an earlier run prepared in --workdir, and keep it")
     parser.add_argument("--runs", type=int, default=3, help="runs of each configuration (medians are reported)")
     parser.add_argument("--feat-dim", type=int, default=100)
     parser.add_argument("--workdir", type=Path, default=Path("/var/tmp/dglkit-bench/partition"))
@@ -53,32 +58,34 @@ def main() -> None:
         data = args.workdir / f"data-{size}"
         prepare = [benchlib.PYTHON, "-m", "dglkit", "prepare", "--dataset", "synthetic", "--out", str(data),
                    "--num-nodes", str(nodes), "--avg-degree", str(degree), "--feat-dim", str(args.feat_dim)]
-        for run in range(args.runs):
+        for run in range(0 if args.reuse_data and (data / "dataset.json").is_file() else args.runs):
             shutil.rmtree(data, ignore_errors=True)  # prepare is a no-op on an existing dataset
             m = benchlib.measure(prepare, limit_mb=args.limit_gb * 1024)
             record(rows, size, "prepare", None, None, run, m, prepare)
             if m["returncode"]:
                 break
-        if m["returncode"]:
+        if not (data / "dataset.json").is_file():
             continue
-        for num_parts in parts:
-            for gb in graphbolt:
-                out = args.workdir / f"part-{size}-{num_parts}"
-                cmd = [benchlib.PYTHON, "-m", "dglkit", "partition", "--dataset-dir", str(data), "--out", str(out),
-                       "--num-parts", str(num_parts), "--graph-name", "bench", *(["--graphbolt"] if gb else [])]
-                for run in range(args.runs):
-                    shutil.rmtree(out, ignore_errors=True)
-                    m = benchlib.measure(cmd, limit_mb=args.limit_gb * 1024)
-                    manifest = json.loads((out / "manifest.json").read_text()) if m["returncode"] == 0 else None
-                    record(rows, size, "partition", num_parts, gb, run, m, cmd, manifest)
+        for num_parts, gb, builder in itertools.product(parts, graphbolt, args.builders.split(",")):
+            out = args.workdir / f"part-{size}-{num_parts}"
+            cmd = [benchlib.PYTHON, "-m", "dglkit", "partition", "--dataset-dir", str(data), "--out", str(out),
+                   "--num-parts", str(num_parts), "--graph-name", "bench", "--builder", builder,
+                   *(["--graphbolt"] if gb else [])]
+            for run in range(args.runs):
                 shutil.rmtree(out, ignore_errors=True)
-        shutil.rmtree(data, ignore_errors=True)
+                m = benchlib.measure(cmd, limit_mb=args.limit_gb * 1024)
+                manifest = json.loads((out / "manifest.json").read_text()) if m["returncode"] == 0 else None
+                record(rows, size, "partition", num_parts, gb, run, m, cmd, manifest, builder)
+            shutil.rmtree(out, ignore_errors=True)
+        if not args.reuse_data:
+            shutil.rmtree(data, ignore_errors=True)
     print_table(rows)
 
 
 def record(rows: list, size: str, stage: str, num_parts: int | None, graphbolt: bool | None, run: int,
-           m: dict, cmd: list[str], manifest: dict | None = None) -> None:
-    figures = {"wall_s": m["wall_s"], "peak_rss_mb": m["peak_rss_mb"], "tree_peak_rss_mb": m["tree_peak_rss_mb"],
+           m: dict, cmd: list[str], manifest: dict | None = None, builder: str | None = None) -> None:
+    figures = {"wall_s": m["wall_s"], "cpu_s": m["cpu_s"], "peak_rss_mb": m["peak_rss_mb"],
+               "tree_peak_rss_mb": m["tree_peak_rss_mb"],
                "returncode": m["returncode"], "over_limit": m["over_limit"],
                "load_before": m["load_before"], "load_after": m["load_after"]}
     if m["returncode"]:
@@ -91,11 +98,11 @@ def record(rows: list, size: str, stage: str, num_parts: int | None, graphbolt: 
                        edge_cut=manifest["edge_cut"]["fraction"], num_nodes=manifest["num_nodes"],
                        num_edges=manifest["num_edges"], part_nodes=[p["nodes"] for p in manifest["parts"]])
     params = {"size": size, "stage": stage, "num_parts": num_parts, "graphbolt": graphbolt, "run": run,
-              "argv": cmd[1:]}
+              "argv": cmd[1:], "builder": builder}
     line = benchlib.append("partition", {"params": params, "figures": figures})
     rows.append(line)
     state = "ok" if not m["returncode"] else ("KILLED over memory limit" if m["over_limit"] else "FAILED")
-    print(f"{size} {stage} parts={num_parts} graphbolt={graphbolt} run {run}: {m['wall_s']} s, "
+    print(f"{size} {stage} {builder or ''} parts={num_parts} graphbolt={graphbolt} run {run}: {m['wall_s']} s, "
           f"peak RSS {m['peak_rss_mb']} MB, load {m['load_before']}->{m['load_after']} {state}", flush=True)
 
 
@@ -103,25 +110,31 @@ def print_table(rows: list[dict]) -> None:
     groups: dict[tuple, list[dict]] = {}
     for row in rows:
         p = row["params"]
-        groups.setdefault((p["size"], p["stage"], p["num_parts"], p["graphbolt"]), []).append(row)
+        # Rows from before the lean builder existed are partition_graph's.
+        builder = p.get("builder") or ("dgl" if p["stage"] == "partition" else "-")
+        groups.setdefault((p["size"], p["stage"], builder, p["num_parts"], p["graphbolt"]), []).append(row)
     out = []
-    for (size, stage, num_parts, gb), lines in groups.items():
+    for (size, stage, builder, num_parts, gb), lines in groups.items():
         f = [line["figures"] for line in lines]
         ok = [x for x in f if x["returncode"] == 0]
         edges = next((x.get("num_edges") for x in ok if x.get("num_edges")), "-")
         if stage == "prepare":
-            out.append([size, edges, "prepare", "-", "-", benchlib.spread([x["wall_s"] for x in ok]), "-", "-",
-                        benchlib.spread([x["peak_rss_mb"] for x in ok]), "-", busy(f)])
+            out.append([size, edges, "prepare", "-", "-", "-", benchlib.spread([x["wall_s"] for x in ok]),
+                        benchlib.spread([x.get("cpu_s") for x in ok]), "-", "-",
+                        "-", benchlib.spread([x["peak_rss_mb"] for x in ok]), "-", "-", busy(f)])
             continue
         t = [x.get("timings", {}) for x in ok]
-        out.append([size, edges, "partition", num_parts, "on" if gb else "off",
-                    benchlib.spread([x["wall_s"] for x in ok]),
-                    benchlib.spread([x.get("partition_s") for x in t]),
+        out.append([size, edges, "partition", builder, num_parts, "on" if gb else "off",
+                    benchlib.spread([x["wall_s"] for x in ok]), benchlib.spread([x.get("cpu_s") for x in ok]),
+                    benchlib.spread([x.get("partition_s", x.get("assign_s")) for x in t]),
+                    benchlib.spread([x.get("build_s") for x in t]),
                     benchlib.spread([x.get("graphbolt_s") for x in t]) if gb else "-",
                     benchlib.spread([x["peak_rss_mb"] for x in ok]),
+                    benchlib.spread([x["tree_peak_rss_mb"] for x in ok]),
                     benchlib.spread([x["edge_cut"] for x in ok]), busy(f)])
-    print(benchlib.table(["graph", "edges", "stage", "parts", "GraphBolt", "wall s", "partition_graph s",
-                          "GraphBolt conversion s", "peak RSS MB", "edge cut", "load 1m"], out))
+    print(benchlib.table(["graph", "edges", "stage", "builder", "parts", "GraphBolt", "wall s", "CPU s",
+                          "partition_graph / METIS s", "build s", "GraphBolt conversion s", "peak RSS MB",
+                          "tree peak MB", "edge cut", "load 1m"], out))
 
 
 def busy(figures: list[dict]) -> str:

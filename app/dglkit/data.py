@@ -1,7 +1,8 @@
 """`dglkit prepare`: one DGL graph with node features, labels and split masks.
 
 Sources: an OGB node-property dataset (offline from pre-placed files), a seeded synthetic community graph,
-or the user's own arrays. The output is DIR/graph.dgl (ndata feat float32, labels int64, train_mask,
+or the user's own arrays; heterogeneous graphs (synthetic-hetero, ogbn-mag, files with num_nodes.json) are
+described in dglkit.hetero. The output is DIR/graph.dgl (ndata feat float32, labels int64, train_mask,
 val_mask, test_mask bool, which DGL's file format stores and loads as 0/1 uint8) and DIR/dataset.json,
 whose fingerprint identifies the inputs: a re-run with the same inputs is a no-op, and `dglkit partition`
 records it to tell whether a partition is still current.
@@ -18,7 +19,9 @@ from typing import Any
 
 import numpy as np
 
+from dglkit import hetero
 from dglkit.common import UserError, digest, emit_result, peak_rss_mb, read_json, write_json
+from dglkit.resources import MEMORY_HELP, check_fits, memory_estimate
 
 # Bump when the same inputs would give a different graph, so that old outputs are rebuilt.
 FORMAT = 2
@@ -30,7 +33,8 @@ FEATURE_SIGNAL = 1.5
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dataset", required=True,
-                        help="'synthetic', 'files', or an OGB node-property dataset such as ogbn-products")
+                        help="'synthetic', 'synthetic-hetero', 'files', or an OGB node-property dataset such as "
+                             "ogbn-products or ogbn-mag")
     parser.add_argument("--out", required=True, type=Path, help="output directory (graph.dgl, dataset.json)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the generator and of fraction splits (%(default)s)")
     split = parser.add_argument_group("split fractions (synthetic, and files without masks)")
@@ -59,10 +63,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             "(E x 2 or 2 x E), feat (N x F), labels (N), optional train_mask/val_mask/test_mask")
     parser.add_argument("--add-reverse-edges", action="store_true",
                         help="files and ogbn-*: make the graph symmetric (the synthetic graph always is)")
+    parser.add_argument("--memory-gb", type=float, help=MEMORY_HELP)
+    links = parser.add_argument_group("link prediction: edges held out of the graph (homogeneous graphs)")
+    links.add_argument("--val-edges-frac", type=float, default=0.0,
+                       help="fraction of node pairs removed from the graph and kept for validation (%(default)s)")
+    links.add_argument("--test-edges-frac", type=float, default=0.0,
+                       help="fraction of node pairs removed from the graph and kept for testing (%(default)s)")
 
 
 def run(args: argparse.Namespace) -> int:
     source, params, inputs = check_arguments(args)
+    if args.val_edges_frac or args.test_edges_frac:  # only then: fingerprints of other datasets stay as they were
+        params["edges"] = {"val": args.val_edges_frac, "test": args.test_edges_frac, "seed": args.seed}
     fingerprint = digest({"format": FORMAT, "source": source, "params": params, "inputs": inputs})
     out: Path = args.out
     if out.exists() and not out.is_dir():
@@ -74,36 +86,72 @@ def run(args: argparse.Namespace) -> int:
         emit_result({"changed": False, "out": str(out), **summary(old)})
         return 0
 
+    estimate = prepare_estimate(source, params, inputs)
+    if estimate:
+        check_fits(*estimate, out,
+                   args.memory_gb, ways_out="prepare on a storage host with more memory (the inventory's storage "
+                   "group), or prepare the dataset elsewhere and give it as --dataset files")
     start = time.perf_counter()
     if source == "synthetic":
         arrays = synthetic(np.random.default_rng(args.seed), **params["graph"])
+    elif source == "synthetic-hetero":
+        arrays = hetero.synthetic_hetero(np.random.default_rng(args.seed), **params["graph"])
     elif source == "files":
-        arrays = check_arrays(load_files(args.path), str(args.path))
+        path = args.path
+        arrays = hetero.load_files(path) if hetero.is_files_dir(path) else check_arrays(load_files(path), str(path))
     else:
         arrays = load_ogb(args.dataset, inputs["dir"], inputs["release"])
     if "train_mask" not in arrays:
         arrays.update(split_masks(arrays["labels"], params["split"], np.random.default_rng(args.seed)))
-    graph = make_graph(arrays, reverse=source != "synthetic" and args.add_reverse_edges)
+    category = arrays.get("category")
+    graph = hetero.make_graph(arrays) if category else make_graph(
+        arrays, reverse=source != "synthetic" and args.add_reverse_edges)
     del arrays
+    if category and params.get("edges"):
+        raise UserError("--val-edges-frac/--test-edges-frac (link prediction) work on homogeneous graphs only")
+    held_out = hold_out_edges(graph, params["edges"], np.random.default_rng(args.seed)) if params.get("edges") else None
 
     import dgl
     out.mkdir(parents=True, exist_ok=True)
+    if held_out:
+        graph = held_out.pop("graph")
+        np.savez(out / "edge_split.npz", **held_out)
     tmp = out / "graph.dgl.tmp"
     dgl.save_graphs(str(tmp), [graph])
     meta_path.unlink(missing_ok=True)  # never an old fingerprint next to a new graph, even after a crash
     os.replace(tmp, graph_path)
-    labels = graph.ndata["labels"]
     meta = {
         "source": args.dataset, "parameters": params, "inputs": inputs, "fingerprint": fingerprint,
-        "num_nodes": graph.num_nodes(), "num_edges": graph.num_edges(),
-        "num_classes": int(labels.max()) + 1, "feat_dim": int(graph.ndata["feat"].shape[1]),
-        **{f"num_{name[:-5]}": int(graph.ndata[name].sum()) for name in MASKS},
+        **(hetero.describe(graph, category) if category else {
+            "heterogeneous": False, "num_nodes": graph.num_nodes(), "num_edges": graph.num_edges(),
+            "num_classes": int(graph.ndata["labels"].max()) + 1, "feat_dim": int(graph.ndata["feat"].shape[1]),
+            **{f"num_{name[:-5]}": int(graph.ndata[name].sum()) for name in MASKS}}),
+        **({"held_out_edges": {"file": "edge_split.npz", "val": len(held_out["val_src"]),
+                               "test": len(held_out["test_src"]), "reverse_edges": "second half"}}
+           if held_out else {}),
         "graph_file": graph_path.name, "graph_bytes": graph_path.stat().st_size,
         "seconds": round(time.perf_counter() - start, 2), "peak_rss_mb": round(peak_rss_mb()),
     }
     write_json(meta_path, meta)
     emit_result({"changed": True, "out": str(out), **summary(meta)})
     return 0
+
+
+def prepare_estimate(source: str, params: dict[str, Any], inputs: dict[str, Any]) -> tuple[str, int, int] | None:
+    """(what, peak memory bytes, graph file bytes) before anything is read, or None for OGB datasets (their
+    sizes are known only once ogb has read them)."""
+    if source == "synthetic":
+        graph = params["graph"]
+        nodes, edges, feat_dim = graph["num_nodes"], round(graph["num_nodes"] * graph["avg_degree"]), graph["feat_dim"]
+        file_bytes = 16 * edges + nodes * (4 * feat_dim + 11)
+        return (f"preparing {nodes} nodes and about {edges} edges", memory_estimate("prepare", nodes, edges, feat_dim),
+                file_bytes)
+    if source == "files":
+        file_bytes = sum(size for size, _ in inputs["files"].values())
+        # Read once, converted to int64/float32 and built into a graph: about three copies at the peak.
+        return (f"preparing {file_bytes / 2**30:.1f} GB of input files",
+                int(memory_estimate("prepare", 0, 0, 0) + 3 * file_bytes), 2 * file_bytes)
+    return None
 
 
 def summary(meta: dict[str, Any]) -> dict[str, Any]:
@@ -118,6 +166,9 @@ def check_arguments(args: argparse.Namespace) -> tuple[str, dict[str, Any], dict
     if min(fracs.values()) < 0 or sum(fracs.values()) > 1 or fracs["train"] <= 0:
         raise UserError(f"split fractions {fracs} must be >= 0 with train > 0 and a sum <= 1")
     split = {**fracs, "seed": args.seed}
+    edges = {"val": args.val_edges_frac, "test": args.test_edges_frac}
+    if min(edges.values()) < 0 or sum(edges.values()) >= 1:
+        raise UserError(f"--val-edges-frac and --test-edges-frac {edges} must be >= 0 with a sum < 1")
     if args.dataset == "synthetic":
         if args.num_nodes < 2 or args.num_classes < 2 or args.feat_dim < 1:
             raise UserError("--num-nodes and --num-classes must be >= 2 and --feat-dim >= 1")
@@ -130,11 +181,22 @@ def check_arguments(args: argparse.Namespace) -> tuple[str, dict[str, Any], dict
         graph = {key: getattr(args, key) for key in (
             "num_nodes", "avg_degree", "num_classes", "feat_dim", "num_communities", "homophily", "label_noise")}
         return "synthetic", {"graph": graph, "split": split}, {}
+    if args.dataset == "synthetic-hetero":
+        if args.num_nodes < 2 * args.num_classes or args.num_classes < 2 or args.feat_dim < 1:
+            raise UserError("synthetic-hetero: --num-classes must be >= 2, --num-nodes (papers) >= 2 x classes "
+                            "and --feat-dim >= 1")
+        if not (0 <= args.homophily <= 1 and 0 <= args.label_noise <= 1):
+            raise UserError("--homophily and --label-noise are fractions between 0 and 1")
+        graph = {key: getattr(args, key) for key in ("num_nodes", "num_classes", "feat_dim", "homophily", "label_noise")}
+        return "synthetic-hetero", {"graph": graph, "split": split}, {}
     if args.dataset == "files":
         if args.path is None or not args.path.exists():
             raise UserError(f"--dataset files needs --path to an .npz file or a directory; got {args.path}")
         files = [args.path] if args.path.is_file() else sorted(p for p in args.path.iterdir() if p.is_file())
         stats = {p.name: [p.stat().st_size, p.stat().st_mtime_ns] for p in files}
+        if hetero.is_files_dir(args.path):
+            files = sorted(p for p in args.path.rglob("*") if p.is_file())
+            stats = {str(p.relative_to(args.path)): [p.stat().st_size, p.stat().st_mtime_ns] for p in files}
         params = {"split": split, "add_reverse_edges": args.add_reverse_edges}
         return "files", params, {"path": str(args.path.resolve()), "files": stats}
     if args.dataset.startswith("ogbn-"):
@@ -142,7 +204,8 @@ def check_arguments(args: argparse.Namespace) -> tuple[str, dict[str, Any], dict
         return "ogb", {"add_reverse_edges": args.add_reverse_edges}, {
             "dir": str(find_ogb_dir(args.dataset, meta, args.data_root, args.allow_download)),
             "release": meta["version"]}
-    raise UserError(f"--dataset {args.dataset!r}: use synthetic, files or an ogbn-* name (e.g. ogbn-products)")
+    raise UserError(f"--dataset {args.dataset!r}: use synthetic, synthetic-hetero, files or an ogbn-* name "
+                    "(e.g. ogbn-products, ogbn-mag)")
 
 
 def synthetic(rng: np.random.Generator, num_nodes: int, avg_degree: float, num_classes: int, feat_dim: int,
@@ -190,6 +253,32 @@ def synthetic(rng: np.random.Generator, num_nodes: int, avg_degree: float, num_c
     for s in range(0, n, 1 << 18):  # in blocks: centres[klass] at once would double peak memory
         feat[s:s + (1 << 18)] += centres[klass[s:s + (1 << 18)]]
     return {"src": np.concatenate([a, b]), "dst": np.concatenate([b, a]), "feat": feat, "labels": labels}
+
+
+def hold_out_edges(graph, fracs: dict[str, float], rng: np.random.Generator) -> dict:
+    """Hold a random `fracs` share of node pairs out of the graph for validation and testing, so that message
+    passing never sees them. Returns the remaining graph, symmetric without self loops, with edge i + E/2 the
+    reverse of edge i (the trainer excludes both directions of a training edge from its own neighbourhood),
+    and the held-out pairs in original node IDs: val_src, val_dst, test_src, test_dst."""
+    import dgl
+    import torch
+
+    n = graph.num_nodes()
+    src, dst = (ids.numpy() for ids in graph.edges())
+    keep = src != dst
+    pairs = np.unique(np.minimum(src, dst)[keep] * n + np.maximum(src, dst)[keep])
+    order = rng.permutation(len(pairs))
+    which = np.zeros(len(pairs), np.int8)
+    num_val, num_test = round(fracs["val"] * len(pairs)), round(fracs["test"] * len(pairs))
+    which[order[:num_val]], which[order[num_val:num_val + num_test]] = 1, 2
+    if (fracs["val"] and not num_val) or (fracs["test"] and not num_test):
+        raise UserError(f"the graph's {len(pairs)} node pairs are too few to hold out {fracs} of them")
+    a, b = (torch.from_numpy(ids) for ids in np.divmod(pairs[which == 0], n))
+    held = {"graph": dgl.graph((torch.cat([a, b]), torch.cat([b, a])), num_nodes=n, idtype=torch.int64)}
+    held["graph"].ndata.update(graph.ndata)
+    for code, name in ((1, "val"), (2, "test")):
+        held[f"{name}_src"], held[f"{name}_dst"] = np.divmod(pairs[which == code], n)
+    return held
 
 
 def split_masks(labels: np.ndarray, split: dict[str, float], rng: np.random.Generator) -> dict[str, np.ndarray]:
@@ -298,9 +387,9 @@ def ogb_meta(name: str) -> dict[str, Any]:
     if name not in header:
         raise UserError(f"unknown OGB dataset {name!r}; node-property datasets: {', '.join(header[1:])}")
     meta = {key: values[header.index(name) - 1] for key, values in columns.items()}
-    if meta["is hetero"] == "True" or meta["task type"] != "multiclass classification":
-        raise UserError(f"{name} is not a homogeneous multiclass dataset; GraphSAGE node classification here "
-                        "supports e.g. ogbn-products, ogbn-arxiv")
+    if meta["task type"] != "multiclass classification":
+        raise UserError(f"{name} is not a multiclass dataset; node classification here supports e.g. "
+                        "ogbn-products, ogbn-arxiv, ogbn-mag")
     return meta
 
 
@@ -327,11 +416,14 @@ def find_ogb_dir(name: str, meta: dict[str, Any], root: Path | None, allow_downl
     if not (directory / release).is_file():
         raise UserError(f"{directory / release} is missing: ogb would ask whether to re-download; if the files "
                         f"are OGB's release {meta['version']}, create that empty file")
-    raw = "data.npz" if meta["binary"] == "True" else "edge.csv.gz"
+    raw = ("data.npz" if meta["binary"] == "True" else
+           "triplet-type-list.csv.gz" if meta["is hetero"] == "True" else "edge.csv.gz")
     if not ((directory / "processed" / "dgl_data_processed").is_file() or (directory / "raw" / raw).is_file()):
         raise UserError(f"{directory}: neither raw/{raw} nor processed/dgl_data_processed is there")
     split = directory / "split" / meta["split"]
-    if not ((split / "train.csv.gz").is_file() or (split / "split_dict.pt").is_file()):
+    # Heterogeneous datasets split per node type: split/<split>/<type>/train.csv.gz.
+    if not ((split / "train.csv.gz").is_file() or (split / "split_dict.pt").is_file()
+            or any(split.glob("*/train.csv.gz"))):
         raise UserError(f"{split}: train.csv.gz, valid.csv.gz and test.csv.gz are missing")
     return directory
 
@@ -351,6 +443,8 @@ def load_ogb(name: str, directory: str, release: str) -> dict[str, np.ndarray]:
     finally:
         sys.stdin.close()
         sys.stdin = stdin
+    if meta["is hetero"] == "True":
+        return hetero.load_ogb(dataset, split)
     graph, labels = dataset[0]
     n = graph.num_nodes()
     src, dst = graph.edges()

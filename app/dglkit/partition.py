@@ -1,7 +1,7 @@
 """`dglkit partition`: split a prepared graph into one partition per machine with DGL's partition_graph.
 
 Writes DGL's files (<graph name>.json, part<i>/), the ID mappings DGL returns but does not save
-(orig_nids.npy, orig_eids.npy: new ID -> original ID) and manifest.json (dataset fingerprint, parameters,
+(orig_nids.npy, orig_eids.npy: new ID -> original ID; per type for heterogeneous graphs, see dglkit.hetero) and manifest.json (dataset fingerprint, parameters,
 timings, peak RSS, edge cut, per-part counts). A re-run with the same inputs is a no-op; --graphbolt on a
 current DGL-format partition only converts it.
 """
@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from dglkit.common import UserError, emit_result, peak_rss_mb, read_json, write_json
+from dglkit.resources import MEMORY_HELP, check_fits, memory_estimate
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -32,6 +33,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="do not ask METIS for an equal number of edges per partition")
     parser.add_argument("--graphbolt", action="store_true",
                         help="also write GraphBolt's fused_csc_sampling_graph.pt (for use_graphbolt=True)")
+    parser.add_argument("--builder", choices=("lean", "dgl"), default="lean",
+                        help="lean: METIS in a child process, then one part at a time (a fraction of the memory; "
+                             "1 hop); dgl: dgl.distributed.partition_graph (%(default)s)")
+    parser.add_argument("--memory-gb", type=float, help=MEMORY_HELP)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -46,9 +51,13 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--graph-name {args.graph_name!r}: use letters, digits, '_' and '-' only")
     if args.num_hops < 1:
         raise UserError(f"--num-hops must be >= 1, got {args.num_hops}")
+    if dataset.get("heterogeneous"):
+        args.builder = "dgl"  # the lean builder writes homogeneous partitions only
+    if args.builder == "lean" and args.num_hops != 1:
+        raise UserError(f"--num-hops {args.num_hops}: the lean builder keeps 1 hop; use --builder dgl for more")
     out: Path = args.out
     params = {key: getattr(args, key) for key in (
-        "num_parts", "graph_name", "part_method", "num_hops", "balance_train", "balance_edges")}
+        "num_parts", "graph_name", "part_method", "num_hops", "balance_train", "balance_edges", "builder")}
     manifest_path, part_config = out / "manifest.json", out / f"{args.graph_name}.json"
     old = read_json(manifest_path)
     current = (old is not None and old.get("complete") and old.get("dataset_fingerprint") == dataset["fingerprint"]
@@ -66,23 +75,58 @@ def run(args: argparse.Namespace) -> int:
     if out.exists() and (not out.is_dir() or (any(out.iterdir()) and old is None)):
         raise UserError(f"--out {out} holds something that is not a dglkit partition; give a new or empty directory")
 
+    estimates = check_fits(
+        f"partitioning {dataset['num_nodes']} nodes and {dataset['num_edges']} edges (--builder {args.builder})",
+        memory_estimate(args.builder, dataset["num_nodes"], dataset["num_edges"], dataset["feat_dim"]),
+        dataset["graph_bytes"] * (3 if args.graphbolt else 2), out, args.memory_gb, ways_out=(
+            "partition on a storage host with more memory (the inventory's storage group), "
+            + ("use --builder lean (a fraction of partition_graph's memory), " if args.builder == "dgl" else "")
+            + "or, for graphs no single host holds, DGL's distributed partitioning pipeline (ParMETIS)"))
+    # The old partition is stale: remove it first so that no part<i> of a larger num_parts remains.
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    manifest = {"complete": False, "dataset_dir": str(args.dataset_dir.resolve()),
+                "dataset_fingerprint": dataset["fingerprint"], "parameters": params, "graphbolt": False,
+                "part_config": part_config.name, "num_parts": args.num_parts, **estimates}
+    write_json(manifest_path, manifest)  # marks the directory as ours, incomplete until the end
+    timings: dict[str, float] = {}
+    if args.builder == "lean":
+        lean_partition(args, graph_file, out, manifest, timings)
+    else:
+        dgl_partition(args, graph_file, out, part_config, manifest, timings)
+    if args.graphbolt:
+        timings["graphbolt_s"] = to_graphbolt(part_config)
+    manifest.update(complete=True, graphbolt=args.graphbolt, timings=timings, peak_rss_mb=round(peak_rss_mb()))
+    write_json(manifest_path, manifest)
+    emit_result({"changed": True, **summary(manifest, out)})
+    return 0
+
+
+def lean_partition(args: argparse.Namespace, graph_file: Path, out: Path, manifest: dict[str, Any],
+                   timings: dict[str, float]) -> None:
+    from dglkit import leanpart
+
+    start = time.perf_counter()
+    leanpart.assign_in_child(graph_file, out / "assignment.npy", args.num_parts, args.part_method,
+                             args.balance_train, args.balance_edges)
+    timings["assign_s"] = lap(start)
+    start = time.perf_counter()
+    manifest.update(leanpart.build(graph_file, np.load(out / "assignment.npy"), out, args.graph_name,
+                                   args.num_parts, args.part_method))
+    (out / "assignment.npy").unlink()
+    timings["build_s"] = lap(start)
+
+
+def dgl_partition(args: argparse.Namespace, graph_file: Path, out: Path, part_config: Path,
+                  manifest: dict[str, Any], timings: dict[str, float]) -> None:
     import dgl
 
-    timings = {}
     start = time.perf_counter()
     try:
         (graph,), _ = dgl.load_graphs(str(graph_file))
     except Exception as error:  # DGL raises plain DGLError/RuntimeError for unreadable files
         raise UserError(f"{graph_file} cannot be read ({error}); re-run `dglkit prepare`") from None
     timings["load_s"] = lap(start)
-
-    # The old partition is stale: remove it first so that no part<i> of a larger num_parts remains.
-    shutil.rmtree(out, ignore_errors=True)
-    out.mkdir(parents=True)
-    manifest = {"complete": False, "dataset_dir": str(args.dataset_dir.resolve()),
-                "dataset_fingerprint": dataset["fingerprint"], "parameters": params, "graphbolt": False,
-                "part_config": part_config.name, "num_parts": args.num_parts}
-    write_json(manifest_path, manifest)  # marks the directory as ours, incomplete until the end
 
     start = time.perf_counter()
     orig_nids, orig_eids = dgl.distributed.partition_graph(
@@ -91,23 +135,33 @@ def run(args: argparse.Namespace) -> int:
         balance_edges=args.balance_edges, return_mapping=True)
     timings["partition_s"] = lap(start)
 
-    start = time.perf_counter()
-    orig_nids, orig_eids = orig_nids.numpy(), orig_eids.numpy()
-    np.save(out / "orig_nids.npy", orig_nids)
-    np.save(out / "orig_eids.npy", orig_eids)
-    timings["mapping_s"] = lap(start)
+    if graph.is_homogeneous:
+        start = time.perf_counter()
+        orig_nids, orig_eids = orig_nids.numpy(), orig_eids.numpy()
+        np.save(out / "orig_nids.npy", orig_nids)
+        np.save(out / "orig_eids.npy", orig_eids)
+        timings["mapping_s"] = lap(start)
+
+        start = time.perf_counter()
+        with open(part_config) as f:
+            config = json.load(f)
+        manifest.update(cut_and_counts(graph, config, orig_nids))
+        timings["edge_cut_s"] = lap(start)
+    else:
+        partition_hetero_outputs(graph, out, part_config, orig_nids, orig_eids, manifest, timings)
+
+
+def partition_hetero_outputs(graph, out: Path, part_config: Path, orig_nids: dict, orig_eids: dict,
+                             manifest: dict[str, Any], timings: dict[str, float]) -> None:
+    """Per-type ID mappings and the edge cut and counts of a heterogeneous partition."""
+    from dglkit import hetero
 
     start = time.perf_counter()
-    with open(part_config) as f:
-        config = json.load(f)
-    manifest.update(cut_and_counts(graph, config, orig_nids))
+    hetero.save_mappings(out, orig_nids, orig_eids)
+    timings["mapping_s"] = lap(start)
+    start = time.perf_counter()
+    manifest.update(hetero.cut_and_counts(graph, json.loads(part_config.read_text()), orig_nids))
     timings["edge_cut_s"] = lap(start)
-    if args.graphbolt:
-        timings["graphbolt_s"] = to_graphbolt(part_config)
-    manifest.update(complete=True, graphbolt=args.graphbolt, timings=timings, peak_rss_mb=round(peak_rss_mb()))
-    write_json(manifest_path, manifest)
-    emit_result({"changed": True, **summary(manifest, out)})
-    return 0
 
 
 def lap(start: float) -> float:

@@ -1,7 +1,8 @@
 """`dglkit report`: summarise a job from the trainer's metrics.jsonl (and result.json when present).
 
-Writes <job dir>/summary.json, summary.txt (one screen) and curves.png (loss, accuracy and epoch time per
-epoch). Nothing is rewritten when the summary is unchanged.
+Writes <job dir>/summary.json, summary.txt (one screen) and curves.png (loss, the task's metric and epoch
+time per epoch). The metric is accuracy (epoch events carry val_acc) or, for link prediction, MRR (val_mrr).
+Nothing is rewritten when the summary is unchanged.
 """
 
 import argparse
@@ -53,10 +54,11 @@ def summarise(job_dir: Path, events: list[dict[str, Any]], result: dict[str, Any
     start = next((event for event in events if event.get("event") == "start"), {})
     epochs = [event for event in events if event.get("event") == "epoch"]
     test = next((event for event in reversed(events) if event.get("event") == "test"), result or {})
+    metric = task_metric(epochs)
     partition = read_json(Path(start["part_config"])) if start.get("part_config") else None
     machines = partition.get("num_parts") if partition else None
     trainers = start.get("num_trainers", epochs[-1].get("num_trainers"))
-    best = max(epochs, key=lambda event: event["val_acc"])
+    best = max(epochs, key=lambda event: event[f"val_{metric}"])
     # The first epoch carries start-up costs (connections, caches); later ones show the steady state.
     steady = epochs[1:] or epochs
     summary = {
@@ -65,16 +67,23 @@ def summarise(job_dir: Path, events: list[dict[str, Any]], result: dict[str, Any
         "machines": machines, "trainers": trainers,
         "trainers_per_machine": trainers // machines if machines and trainers else None,
         "graphbolt": start.get("graphbolt"), "epochs": len(epochs), "planned_epochs": start.get("num_epochs"),
-        "final_loss": epochs[-1]["loss"], "final_val_acc": epochs[-1]["val_acc"],
-        "best_val_acc": best["val_acc"], "best_epoch": best["epoch"], "test_acc": test.get("test_acc"),
+        "task": start.get("task", "node_classification"), "metric": metric, "final_loss": epochs[-1]["loss"],
+        f"final_val_{metric}": epochs[-1][f"val_{metric}"], f"best_val_{metric}": best[f"val_{metric}"],
+        "best_epoch": best["epoch"], f"test_{metric}": test.get(f"test_{metric}"),
+        f"best_test_{metric}": test.get(f"best_test_{metric}"),
         "mean_epoch_time": statistics.fmean(event["epoch_time"] for event in steady),
         "first_epoch_time": epochs[0]["epoch_time"],
         "seeds_per_s": statistics.fmean(event["seeds_per_s"] for event in steady),
-        "complete": "test_acc" in test, "result": result,
+        "complete": f"test_{metric}" in test, "result": result,
     }
     summary["title"] = f"{summary['dataset'] or job_dir.name}: {machines or '?'} machines x " \
                        f"{summary['trainers_per_machine'] or '?'} trainers"
     return summary
+
+
+def task_metric(epochs: list[dict[str, Any]]) -> str:
+    """'acc' (node classification) or 'mrr' (link prediction): what the trainer validated with."""
+    return "mrr" if "val_mrr" in epochs[0] else "acc"
 
 
 def describe_dataset(part_config: str | None) -> str | None:
@@ -92,14 +101,22 @@ def percent(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:.2f}%"
 
 
+NAMES = {"acc": "accuracy", "mrr": "MRR"}
+
+
 def text(summary: dict[str, Any]) -> str:
+    m = summary["metric"]
+    # Accuracy reads as a percentage, MRR as the fraction it is.
+    show = percent if m == "acc" else (lambda value: "-" if value is None else f"{value:.4f}")
     lines = [
         summary["title"],
+        f"task            {summary['task']}",
         f"epochs          {summary['epochs']} of {summary['planned_epochs'] or '?'}"
         f"{'' if summary['complete'] else '  (no test result: job incomplete)'}",
-        f"val accuracy    final {percent(summary['final_val_acc'])}, best {percent(summary['best_val_acc'])} "
-        f"(epoch {summary['best_epoch']})",
-        f"test accuracy   {percent(summary['test_acc'])}",
+        f"{'val ' + NAMES[m]:<15} final {show(summary[f'final_val_{m}'])}, best "
+        f"{show(summary[f'best_val_{m}'])} (epoch {summary['best_epoch']})",
+        f"{'test ' + NAMES[m]:<15} {show(summary[f'best_test_{m}'])} best validation model, "
+        f"{show(summary[f'test_{m}'])} final model",
         f"final loss      {summary['final_loss']:.4f}",
         f"epoch time      {summary['mean_epoch_time']:.2f} s mean after the first ({summary['first_epoch_time']:.2f} s)",
         f"throughput      {summary['seeds_per_s']:,.0f} seeds/s",
@@ -110,7 +127,9 @@ def text(summary: dict[str, Any]) -> str:
 
 
 def headline(summary: dict[str, Any]) -> dict[str, Any]:
-    return {key: summary[key] for key in ("epochs", "final_val_acc", "best_val_acc", "test_acc", "mean_epoch_time")}
+    m = summary["metric"]
+    keys = ("epochs", f"final_val_{m}", f"best_val_{m}", f"test_{m}", f"best_test_{m}", "mean_epoch_time")
+    return {key: summary[key] for key in keys}
 
 
 def plot(epochs: list[dict[str, Any]], summary: dict[str, Any], path: Path) -> None:
@@ -123,11 +142,14 @@ def plot(epochs: list[dict[str, Any]], summary: dict[str, Any], path: Path) -> N
     fig, (loss, acc, seconds) = plt.subplots(1, 3, figsize=(13, 3.8))
     loss.plot(x, [event["loss"] for event in epochs], marker="o")
     loss.set(title="training loss", xlabel="epoch")
-    acc.plot(x, [event["train_acc"] for event in epochs], marker="o", label="train")
-    acc.plot(x, [event["val_acc"] for event in epochs], marker="o", label="validation")
-    if summary["test_acc"] is not None:
-        acc.axhline(summary["test_acc"], color="grey", linestyle="--", label="test (final)")
-    acc.set(title="accuracy", xlabel="epoch", ylim=(0, 1))
+    m = summary["metric"]
+    if all(f"train_{m}" in event for event in epochs):
+        acc.plot(x, [event[f"train_{m}"] for event in epochs], marker="o", label="train")
+    acc.plot(x, [event[f"val_{m}"] for event in epochs], marker="o", label="validation")
+    for key, style, label in ((f"best_test_{m}", "-", "test (best validation model)"), (f"test_{m}", "--", "test (final)")):
+        if summary[key] is not None:
+            acc.axhline(summary[key], color="grey", linestyle=style, label=label)
+    acc.set(title=NAMES[m], xlabel="epoch", ylim=(0, 1))
     acc.legend()
     seconds.bar(x, [event["epoch_time"] for event in epochs])
     seconds.set(title="epoch time (s)", xlabel="epoch")

@@ -1,13 +1,17 @@
-"""Distributed GraphSAGE node classification: DGL's tutorial trainer, run as server and as trainer.
+"""Distributed training, run as server and as trainer: GraphSAGE node classification (DGL's tutorial
+trainer) here; --task link_prediction (dglkit.linkpred) and heterogeneous graphs (dglkit.rgcn) dispatch.
 
 `dglkit launch` starts this module once per DGL server (DGL_ROLE=server: `initialize()` serves and exits)
-and once per trainer under torchrun. Rank 0 writes metrics.jsonl, model.pt, result.json and, on request,
-embeddings.npy / predictions.npy in original node-ID order.
+and once per trainer under torchrun. Rank 0 writes metrics.jsonl, model.pt (final), model-best.pt (best
+validation epoch), result.json and, on request, embeddings.npy / predictions.npy in original node-ID order
+(from the best model).
 """
 
 import argparse
+import copy
 import json
 import os
+import random
 import sys
 import time
 from pathlib import Path
@@ -27,6 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--part-config", required=True, help="partition json written by `dglkit partition`")
     parser.add_argument("--out-dir", default=".", help="where rank 0 writes metrics, model and outputs")
     parser.add_argument("--graphbolt", action="store_true", help="sample with GraphBolt (partition must have it)")
+    parser.add_argument("--task", choices=TASKS, default="node_classification",
+                        help="node_classification (GraphSAGE, or RGCN on a heterogeneous graph) or link_prediction")
     parser.add_argument("--num-layers", type=int, default=2)
     parser.add_argument("--num-hidden", type=int, default=16)
     parser.add_argument("--dropout", type=float, default=0.5)
@@ -35,10 +41,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--eval-batch-size", type=int, default=10000)
     parser.add_argument("--num-epochs", type=int, default=10)
     parser.add_argument("--lr", type=float, default=0.003)
+    parser.add_argument("--weight-decay", type=float, default=0.0, help="L2 penalty of the Adam optimizer")
+    parser.add_argument("--seed", type=int, help="seed of torch, numpy, random and DGL's samplers "
+                        "(servers and trainers); default: not seeded")
+    parser.add_argument("--sparse-lr", type=float, default=0.01,
+                        help="RGCN: learning rate of the learnt embeddings of featureless node types")
+    parser.add_argument("--num-negs", type=int, default=5, help="link prediction: negatives per positive edge")
+    parser.add_argument("--eval-negs", type=int, default=100,
+                        help="link prediction: negatives each held-out edge is ranked against (MRR, hits@k)")
     parser.add_argument("--log-every", type=int, default=20, help="progress line every N steps")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--save-embeddings", action="store_true", help="write embeddings.npy (all nodes)")
     parser.add_argument("--save-predictions", action="store_true", help="write predictions.npy (all nodes)")
+
+
+TASKS = ("node_classification", "link_prediction")
 
 
 def check_inputs(args: argparse.Namespace) -> dict:
@@ -51,15 +68,30 @@ def check_inputs(args: argparse.Namespace) -> dict:
     check_machine_count(part_config, config["num_parts"], args.ip_config, len(machines))
     if args.graphbolt and "part_graph_graphbolt" not in config.get("part-0", {}):
         raise UserError(f"{part_config} has no GraphBolt graph: run `dglkit partition --graphbolt` or drop --graphbolt")
-    if (args.save_embeddings or args.save_predictions) and not (part_config.parent / "orig_nids.npy").is_file():
-        raise UserError(f"{part_config.parent}/orig_nids.npy not found: outputs cannot be put back in original "
-                        "node order; re-run `dglkit partition`")
     fan_out = args.fan_out.split(",")
     if len(fan_out) != args.num_layers or not all(f.strip().lstrip("-").isdigit() for f in fan_out):
         raise UserError(f"--fan-out {args.fan_out!r} needs {args.num_layers} comma-separated integers (one per layer)")
     if args.device == "cuda" and not torch.cuda.is_available():
         raise UserError("--device cuda but torch sees no GPU: use --device cpu")
+    if args.weight_decay < 0:
+        raise UserError(f"--weight-decay must be >= 0, got {args.weight_decay}")
     return config
+
+
+def is_heterogeneous(config: dict) -> bool:
+    """DGL's partition config lists node types; a homogeneous graph has the one type '_N'."""
+    return list(config.get("ntypes", {"_N": 0})) != ["_N"]
+
+
+def seed_everything(seed: int | None) -> None:
+    """Model init, shuffling, and DGL's neighbour and negative sampling: servers run this too (they sample
+    their partition's share of each neighbourhood)."""
+    if seed is None:
+        return
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    dgl.seed(seed)
 
 
 class DistSAGE(nn.Module):
@@ -128,15 +160,29 @@ def redirect_trainer_output() -> None:
 
 def run(args: argparse.Namespace) -> int:
     config = check_inputs(args)
+    if args.task == "link_prediction":
+        from dglkit.linkpred import check_linkpred as check_task, train_linkpred as train_task
+    elif is_heterogeneous(config):
+        from dglkit.rgcn import check_rgcn as check_task, train_rgcn as train_task
+    else:
+        check_task, train_task = check_sage, train
+    check_task(args, config)
     redirect_trainer_output()
+    seed_everything(args.seed)
     # Servers serve inside initialize() and exit there; only trainers return.
     dgl.distributed.initialize(args.ip_config, use_graphbolt=args.graphbolt)
     backend = "nccl" if args.device == "cuda" else "gloo"
     torch.distributed.init_process_group(backend)
     # No destroy_process_group(): gloo's teardown can block one rank forever while its peer already waits in
     # DGL's exit barrier (seen with torch 2.2.1); process exit releases the group.
-    train(args, config)
+    train_task(args, config)
     return 0
+
+
+def check_sage(args: argparse.Namespace, config: dict) -> None:
+    if (args.save_embeddings or args.save_predictions) and not (Path(args.part_config).parent / "orig_nids.npy").is_file():
+        raise UserError(f"{Path(args.part_config).parent}/orig_nids.npy not found: outputs cannot be put back in "
+                        "original node order; re-run `dglkit partition`")
 
 
 def train(args: argparse.Namespace, config: dict) -> None:
@@ -154,20 +200,14 @@ def train(args: argparse.Namespace, config: dict) -> None:
 
     model = DistSAGE(in_feats, args.num_hidden, num_classes, args.num_layers, args.dropout).to(device)
     model = DistributedDataParallel(model, device_ids=[device] if args.device == "cuda" else None)
-    optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
+    optimizer = torch.optim.Adam(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     sampler = dgl.dataloading.MultiLayerNeighborSampler([int(f) for f in args.fan_out.split(",")])
     train_loader = dgl.dataloading.DistNodeDataLoader(
         g, train_nids, sampler, batch_size=args.batch_size, shuffle=True, drop_last=False)
 
     out_dir = Path(args.out_dir)
-    metrics = None
-    if rank == 0:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        metrics = (out_dir / "metrics.jsonl").open("w")
-        options = {key: value for key, value in vars(args).items() if key not in ("command", "run")}
-        write_event(metrics, {"event": "start", **options, "num_trainers": world})
-
-    val_acc = 0.0
+    metrics = open_metrics(args, world) if rank == 0 else None
+    best = {"val_acc": -1.0, "epoch": None, "state": None}
     for epoch in range(args.num_epochs):
         model.train()
         start = time.time()
@@ -192,27 +232,57 @@ def train(args: argparse.Namespace, config: dict) -> None:
         torch.distributed.all_reduce(totals)
         torch.distributed.all_reduce(epoch_time, op=torch.distributed.ReduceOp.MAX)
         val_acc = evaluate(model.module, g, val_nids, sampler, args.eval_batch_size, device)
+        # val_acc is all-reduced, so every trainer keeps the same epoch's (identical, DDP-synchronised) weights.
+        if val_acc > best["val_acc"]:
+            best = {"val_acc": val_acc, "epoch": epoch, "state": copy.deepcopy(model.module.state_dict())}
         loss_sum, correct, seeds = totals.tolist()
         record = {"event": "epoch", "epoch": epoch, "loss": loss_sum / max(seeds, 1),
                   "train_acc": correct / max(seeds, 1), "val_acc": val_acc, "epoch_time": epoch_time.item(),
                   "seeds_per_s": seeds / epoch_time.item(), "num_trainers": world}
-        log(rank, f"epoch {epoch}: loss {record['loss']:.4f} train_acc {record['train_acc']:.4f} "
-            f"val_acc {val_acc:.4f} time {record['epoch_time']:.2f}s {record['seeds_per_s']:.0f} seeds/s")
+        log_epoch(rank, record)
         if metrics:
             write_event(metrics, record)
 
     test_acc = evaluate(model.module, g, test_nids, sampler, args.eval_batch_size, device)
-    log(rank, f"test_acc {test_acc:.4f} val_acc {val_acc:.4f}")
+    final_state = model.module.state_dict()
+    model.module.load_state_dict(best["state"])
+    best_test_acc = evaluate(model.module, g, test_nids, sampler, args.eval_batch_size, device)
+    log(rank, f"test_acc {test_acc:.4f} (final model), {best_test_acc:.4f} (best validation model, epoch "
+        f"{best['epoch']}, val_acc {best['val_acc']:.4f})")
     if args.save_embeddings or args.save_predictions:
         save_outputs(args, model.module, g, device, rank)
     if metrics:
-        write_event(metrics, {"event": "test", "test_acc": test_acc, "val_acc": val_acc})
+        test = {"test_acc": test_acc, "val_acc": val_acc, "best_test_acc": best_test_acc,
+                "best_val_acc": best["val_acc"], "best_epoch": best["epoch"]}
+        write_event(metrics, {"event": "test", **test})
         metrics.close()
-        torch.save(model.module.state_dict(), out_dir / "model.pt")
-        result = {"test_acc": test_acc, "val_acc": val_acc, "num_epochs": args.num_epochs, "num_trainers": world,
-                  "num_classes": num_classes, "in_feats": in_feats, "num_hidden": args.num_hidden,
-                  "num_layers": args.num_layers, "graph_name": config["graph_name"]}
-        (out_dir / "result.json").write_text(json.dumps(result, indent=1) + "\n")
+        torch.save(final_state, out_dir / "model.pt")
+        torch.save(best["state"], out_dir / "model-best.pt")
+        write_result(args, {**test, "num_trainers": world, "num_classes": num_classes, "in_feats": in_feats,
+                            "graph_name": config["graph_name"]})
+
+
+def open_metrics(args: argparse.Namespace, world: int):
+    """Rank 0's metrics.jsonl, opened with the start event (every option of the run)."""
+    out_dir = Path(args.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    metrics = (out_dir / "metrics.jsonl").open("w")
+    options = {key: value for key, value in vars(args).items() if key not in ("command", "run")}
+    write_event(metrics, {"event": "start", **options, "num_trainers": world})
+    return metrics
+
+
+def write_result(args: argparse.Namespace, result: dict) -> None:
+    result = {"task": args.task, "num_epochs": args.num_epochs, "num_hidden": args.num_hidden,
+              "num_layers": args.num_layers, "seed": args.seed, "weight_decay": args.weight_decay, **result}
+    (Path(args.out_dir) / "result.json").write_text(json.dumps(result, indent=1) + "\n")
+
+
+def log_epoch(rank: int, record: dict) -> None:
+    """One progress line per epoch: every numeric figure of the epoch event."""
+    figures = " ".join(f"{key} {value:.4f}" if isinstance(value, float) else f"{key} {value}"
+                       for key, value in record.items() if key not in ("event", "epoch", "num_trainers"))
+    log(rank, f"epoch {record['epoch']}: {figures}")
 
 
 def evaluate(model, g, nids, sampler, batch_size: int, device) -> float:

@@ -165,6 +165,25 @@ def test_train_across_hosts(site: Cluster, runs: Path) -> None:
     assert_clean(site)
 
 
+def test_partition_graph_partition_trains_as_the_lean_one(site: Cluster, runs: Path) -> None:
+    """The same job on dgl.distributed.partition_graph's partition of the same graph: its own partition id,
+    METIS cuts alike, and the model reaches the accuracy it reaches on the lean partition (the default)."""
+    lean = json.loads((run_folder(train(site, runs, *JOB).output) / "result.json").read_text())
+    run = train(site, runs, *JOB, "-e", "dgl_job_partition_builder=dgl")
+    folder = run_folder(run.output)
+    partition = Path(json.loads((folder / "job.json").read_text())["part_config"]).parent
+    assert partition.name.endswith("-2p-dgl")
+    manifests = [json.loads((site.workspace / "partitions" / name / "manifest.json").read_text())
+                 for name in (partition.name, partition.name[:-len("-dgl")])]
+    assert [m["parameters"]["builder"] for m in manifests] == ["dgl", "lean"]
+    cuts = [m["edge_cut"]["fraction"] for m in manifests]
+    assert abs(cuts[0] - cuts[1]) <= 0.1 * cuts[0], cuts
+    standard = json.loads((folder / "result.json").read_text())
+    for key in ("val_acc", "test_acc"):
+        assert abs(standard[key] - lean[key]) < 0.05, (key, standard, lean)
+    assert_clean(site)
+
+
 def test_the_same_job_again_changes_nothing(site: Cluster, runs: Path) -> None:
     run = train(site, runs, *JOB)
     assert "finished before" in run.output

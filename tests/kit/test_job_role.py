@@ -56,7 +56,7 @@ def test_same_settings_give_the_same_ids(records: dict) -> None:
 
 def test_training_settings_change_the_job_but_not_the_partition(records: dict) -> None:
     defaults = ids(records, "defaults")
-    for case in ("epochs", "graphbolt"):
+    for case in ("epochs", "graphbolt", "seed"):
         other = ids(records, case)
         assert other["partition"] == defaults["partition"], case
         assert other["job"] != defaults["job"], case
@@ -67,6 +67,18 @@ def test_dataset_settings_change_dataset_partition_and_job(records: dict) -> Non
     assert bigger["dataset"] != defaults["dataset"]
     assert bigger["partition"] != defaults["partition"]
     assert bigger["job"] != defaults["job"]
+
+
+def test_the_partition_builder_gives_its_own_partition_and_job(records: dict) -> None:
+    defaults, builder = ids(records, "defaults"), ids(records, "builder")
+    assert builder["dataset"] == defaults["dataset"]
+    assert builder["partition"] == defaults["partition"] + "-dgl" and builder["job"] != defaults["job"]
+
+
+def test_link_prediction_gets_a_dataset_of_its_own(records: dict) -> None:
+    defaults, links = ids(records, "defaults"), ids(records, "link-prediction")
+    assert links["dataset"] != defaults["dataset"] and links["job"] != defaults["job"]
+    assert links["job_json"]["train_args"][:2] == ["--task", "link_prediction"]
 
 
 def test_an_added_worker_gives_a_new_partition_and_job(records: dict) -> None:
@@ -101,6 +113,8 @@ def test_job_json_is_what_the_launcher_and_trainer_accept(records: dict, tmp_pat
     args = parser.parse_args(["--ip-config", "x", "--part-config", "y", *cfg.train_args])
     assert (args.num_epochs, args.fan_out, args.num_layers, args.num_hidden) == (5, "10,25", 2, 64)
     assert (args.lr, args.dropout, args.graphbolt, args.save_embeddings) == (0.01, 0.5, False, False)
+    assert (args.task, args.weight_decay, args.seed, args.sparse_lr) == ("node_classification", 0.0, 0, 0.01)
+    assert (args.num_negs, args.eval_negs) == (5, 100)
     graphbolt = ids(records, "graphbolt")["job_json"]["train_args"]
     assert "--graphbolt" in graphbolt and "--graphbolt" not in cfg.train_args
 
@@ -130,7 +144,11 @@ def test_job_json_of_a_resized_cluster_uses_the_new_partition(records: dict) -> 
     ("epochs-word", "argument 'dgl_job_epochs' is of type"),
     ("graphbolt-word", "'maybe' is not a valid boolean"),
     ("fan-out-word", "option 'dgl_job_fan_out'"),
-    ("dataset", "dgl_job_dataset=products: use synthetic, files or an ogbn-* name"),
+    ("dataset", "dgl_job_dataset=products: use synthetic, synthetic-hetero, files or an ogbn-* name"),
+    ("builder", "dgl_job_partition_builder must be one of: lean, dgl, got: metis"),
+    ("task", "value of dgl_job_task must be one of: node_classification, link_prediction, got: regression"),
+    ("hetero-links", "dgl_job_task=link_prediction runs on homogeneous graphs; synthetic-hetero is heterogeneous"),
+    ("weight-decay", "dgl_job_weight_decay must be >= 0"),
     ("fan-out-layers", "dgl_job_fan_out=5,10,15 needs 2 values, one per layer"),
     ("dropout", "dgl_job_dropout=1.5: use a value in [0, 1)"),
     ("trainers", "dgl_job_trainers must be >= 1"),

@@ -63,16 +63,17 @@ def synthetic_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def make_partition(synthetic_dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
-    """make_partition(num_parts, graphbolt=False) -> the partition config (<dir>/graph.json), built once."""
-    built: dict[tuple[int, bool], Path] = {}
+    """make_partition(num_parts, graphbolt=False, builder="lean") -> the partition config (<dir>/graph.json),
+    built once."""
+    built: dict[tuple[int, bool, str], Path] = {}
 
-    def make(num_parts: int, graphbolt: bool = False) -> Path:
-        if (num_parts, graphbolt) not in built:
-            out = tmp_path_factory.mktemp("parts") / f"{num_parts}{'-graphbolt' if graphbolt else ''}"
+    def make(num_parts: int, graphbolt: bool = False, builder: str = "lean") -> Path:
+        if (num_parts, graphbolt, builder) not in built:
+            out = tmp_path_factory.mktemp("parts") / f"{num_parts}{'-graphbolt' if graphbolt else ''}-{builder}"
             build("partition", "--dataset-dir", synthetic_dataset, "--out", out, "--num-parts", num_parts,
-                    "--graph-name", "graph", *(["--graphbolt"] if graphbolt else []))
-            built[num_parts, graphbolt] = out / "graph.json"
-        return built[num_parts, graphbolt]
+                  "--graph-name", "graph", "--builder", builder, *(["--graphbolt"] if graphbolt else []))
+            built[num_parts, graphbolt, builder] = out / "graph.json"
+        return built[num_parts, graphbolt, builder]
 
     return make
 

@@ -87,7 +87,7 @@ def test_synthetic_bad_arguments(cli, tmp_path, args, message):
 
 def test_unknown_dataset_and_out_is_a_file(cli, tmp_path):
     code, _, err = cli("prepare", "--dataset", "cora", "--out", tmp_path)
-    assert code == 2 and "use synthetic, files or an ogbn-* name" in err
+    assert code == 2 and "use synthetic, synthetic-hetero, files or an ogbn-* name" in err
     (tmp_path / "file").write_text("x")
     code, _, err = cli("prepare", "--dataset", "synthetic", "--out", tmp_path / "file", "--num-nodes", "100")
     assert code == 2 and "is a file" in err
@@ -150,8 +150,8 @@ def test_ogb_missing_files_fail_without_download_or_prompt(dglkit, tmp_path):
 
 
 def test_ogb_rejects_unsupported_datasets(cli, tmp_path):
-    code, _, err = cli("prepare", "--dataset", "ogbn-mag", "--data-root", tmp_path, "--out", tmp_path / "o")
-    assert code == 2 and "not a homogeneous multiclass dataset" in err
+    code, _, err = cli("prepare", "--dataset", "ogbn-proteins", "--data-root", tmp_path, "--out", tmp_path / "o")
+    assert code == 2 and "not a multiclass dataset" in err
     code, _, err = cli("prepare", "--dataset", "ogbn-nope", "--data-root", tmp_path, "--out", tmp_path / "o")
     assert code == 2 and "unknown OGB dataset" in err
 

@@ -52,8 +52,11 @@ def test_local_graphbolt_run_trains_and_writes_outputs_in_original_order(finishe
     # The distributed outputs equal a single-process full-graph forward pass of the saved model, node by node.
     graph = dgl.load_graphs(str(synthetic_dataset / "graph.dgl"))[0][0]
     result = json.loads((job_dir / "result.json").read_text())
+    # Outputs come from the best validation epoch's model; the final one is kept too.
+    assert result["best_val_acc"] == max(m["val_acc"] for m in epochs) and result["best_test_acc"] > 0.6, result
+    assert metrics[-1]["best_epoch"] == result["best_epoch"] and (job_dir / "model.pt").is_file()
     model = DistSAGE(result["in_feats"], 16, NUM_CLASSES, 2, 0.5)
-    model.load_state_dict(torch.load(job_dir / "model.pt"))
+    model.load_state_dict(torch.load(job_dir / "model-best.pt"))
     with torch.no_grad():
         hidden = torch.relu(model.layers[0](graph, graph.ndata["feat"]))
         logits = model.layers[1](graph, hidden)

@@ -64,3 +64,20 @@ def test_report_bad_metrics(cli, tmp_path, content, message):
         (tmp_path / "metrics.jsonl").write_text(content)
     code, _, err = cli("report", "--job-dir", tmp_path)
     assert code == 2 and message in err and not (tmp_path / "summary.json").exists()
+
+
+def test_report_of_link_prediction_uses_mrr(cli, partition_2, tmp_path):
+    epochs = [{"event": "epoch", "epoch": i, "loss": 0.6 - i / 10, "val_mrr": mrr, "val_hits10": 2 * mrr,
+               "epoch_time": 2.0, "seeds_per_s": 900.0, "num_trainers": 2} for i, mrr in enumerate([0.2, 0.35, 0.3])]
+    events = [{"event": "start", "part_config": str(partition_2), "num_epochs": 3, "task": "link_prediction",
+               "num_trainers": 2}, *epochs,
+              {"event": "test", "test_mrr": 0.29, "best_test_mrr": 0.33, "val_mrr": 0.3, "best_val_mrr": 0.35}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(event) + "\n" for event in events))
+    code, result, _ = cli("report", "--job-dir", tmp_path)
+    assert code == 0 and (result["best_val_mrr"], result["test_mrr"], result["best_test_mrr"]) == (0.35, 0.29, 0.33)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["task"] == "link_prediction" and summary["metric"] == "mrr" and summary["best_epoch"] == 1
+    text = (tmp_path / "summary.txt").read_text()
+    assert "val MRR         final 0.3000, best 0.3500 (epoch 1)" in text
+    assert "test MRR        0.3300 best validation model, 0.2900 final model" in text
+    assert matplotlib.image.imread(tmp_path / "curves.png").shape[0] > 100

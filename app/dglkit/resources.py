@@ -1,0 +1,94 @@
+"""Memory and disk estimates for `prepare` and `partition`, and the check that refuses a run the host
+cannot hold, before anything is written.
+
+The per-edge and per-node figures are peak resident memory measured with bench/partition.py and
+bench/partition_memory.py on synthetic graphs of 2.4M to 123.7M edges (BENCHMARKS.md), rounded up.
+"""
+
+import shutil
+from pathlib import Path
+
+from dglkit.common import UserError
+
+GB = 2**30
+# Python with torch and dgl imported.
+BASE = 0.6 * GB
+# Peak bytes per directed edge of the graph (features aside).
+PER_EDGE = {"prepare": 20, "lean": 60, "dgl": 215}
+# Times the feature matrix is held at once (prepare draws it and adds the class centres in place).
+FEATURE_COPIES = {"prepare": 2, "lean": 1.2, "dgl": 2}
+
+
+def memory_estimate(stage: str, num_nodes: int, num_edges: int, feat_dim: int) -> int:
+    """Peak bytes of `prepare` (stage "prepare") or `partition --builder lean|dgl`."""
+    node_bytes = num_nodes * (4 * feat_dim + 11)  # float32 features, int64 labels, three masks
+    return int(BASE + PER_EDGE[stage] * num_edges + FEATURE_COPIES[stage] * node_bytes)
+
+
+def host_memory() -> tuple[int, str]:
+    """Bytes this process can still use: the kernel's MemAvailable, or less when a memory cgroup caps it
+    (containers, systemd units with MemoryMax=); and how that figure was found."""
+    with open("/proc/meminfo") as f:
+        info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f}
+    available, source = info["MemAvailable"], "MemAvailable"
+    for limit, usage in cgroup_memory():
+        if limit - usage < available:
+            available, source = limit - usage, f"memory cgroup limit {limit / GB:.1f} GB, {usage / GB:.1f} GB in use"
+    return max(available, 0), source
+
+
+def cgroup_memory() -> list[tuple[int, int]]:
+    """(limit, usage) of every memory cgroup above this process that has a limit (cgroup v2 and v1)."""
+    found = []
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return found
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":
+            root, limit_file, usage_file = Path("/sys/fs/cgroup"), "memory.max", "memory.current"
+            if not (root / "cgroup.controllers").is_file():
+                root = Path("/sys/fs/cgroup/unified")
+        elif "memory" in controllers.split(","):
+            root = Path("/sys/fs/cgroup/memory")
+            limit_file, usage_file = "memory.limit_in_bytes", "memory.usage_in_bytes"
+        else:
+            continue
+        directory = root / path.lstrip("/")
+        while True:
+            try:
+                limit = (directory / limit_file).read_text().strip()
+                usage = int((directory / usage_file).read_text())
+            except (OSError, ValueError):
+                limit = "max"
+            if limit != "max" and int(limit) < 2**60:
+                found.append((int(limit), usage))
+            if directory == root:
+                break
+            directory = directory.parent
+    return found
+
+
+def check_fits(command: str, need_memory: int, need_disk: int, out: Path, memory_gb: float | None,
+               ways_out: str) -> dict[str, float]:
+    """Refuse (UserError) when the estimate exceeds the memory (memory_gb when given; 0 skips the check) or
+    the free disk under `out`; return the figures for the manifest."""
+    if memory_gb is None:
+        have, source = host_memory()
+    else:
+        have, source = int(memory_gb * GB), "--memory-gb"
+    existing = out if out.exists() else next(p for p in out.parents if p.exists())
+    free_disk = shutil.disk_usage(existing).free
+    figures = {"estimated_memory_gb": round(need_memory / GB, 2), "estimated_disk_gb": round(need_disk / GB, 2)}
+    if memory_gb != 0 and need_memory > have:
+        raise UserError(f"{command} needs about {need_memory / GB:.1f} GB of memory; this host has "
+                        f"{have / GB:.1f} GB available ({source}). Ways out: {ways_out}")
+    if need_disk > free_disk:
+        raise UserError(f"{command} writes about {need_disk / GB:.1f} GB; {existing} has {free_disk / GB:.1f} GB "
+                        "free. Free space there or give an output directory on a larger file system")
+    return figures
+
+
+MEMORY_HELP = ("memory this command may use, in GB (default: what the host has available, MemAvailable or a "
+               "memory cgroup's limit); the command refuses to start when its estimate is larger; 0: no check")

@@ -1,0 +1,221 @@
+"""Distributed RGCN node classification on a heterogeneous DistGraph (`dglkit train` on a partition with
+several node types), as DGL's distributed rgcn example: one weight per relation plus a self loop, sampled
+blocks, featured node types projected by a linear layer, featureless ones given learnt embeddings
+(DistEmbedding, updated by DGL's distributed SparseAdam).
+
+The labelled node type (the category) is the one with `labels`. Every epoch validates and tests; the test
+accuracy of the best validation epoch is reported next to the final one. Rank 0 writes metrics.jsonl, model.pt
+and model-best.pt (dense weights), result.json and, on request, predictions.npy (category) and embeddings.npz
+(the category's last hidden layer, each featureless type's learnt embedding), rows in original per-type IDs.
+"""
+
+import argparse
+import copy
+import time
+from pathlib import Path
+
+import dgl
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel
+
+from dglkit.common import UserError
+from dglkit.train import log, log_epoch, open_metrics, to_original_order, write_event, write_result
+
+
+def check_rgcn(args: argparse.Namespace, config: dict) -> None:
+    if args.graphbolt:
+        raise UserError("--graphbolt: the RGCN trainer samples heterogeneous graphs with DGL's own sampler; drop it")
+    if (args.save_embeddings or args.save_predictions) and not (Path(args.part_config).parent / "orig_nids.npz").is_file():
+        raise UserError(f"{Path(args.part_config).parent}/orig_nids.npz not found: outputs cannot be put back in "
+                        "original per-type IDs; re-run `dglkit partition`")
+
+
+class RelGraphConv(nn.Module):
+    """One RGCN layer: sum over relations of the mean of neighbours times the relation's weight, plus a self
+    loop and a bias, for every node type that has destination nodes in the block."""
+
+    def __init__(self, in_feats: int, out_feats: int, relations: list[str], activation: bool, dropout: float):
+        super().__init__()
+        self.conv = dgl.nn.HeteroGraphConv(
+            {rel: dgl.nn.GraphConv(in_feats, out_feats, norm="right", bias=False, allow_zero_in_degree=True)
+             for rel in relations}, aggregate="sum")
+        self.loop = nn.Linear(in_feats, out_feats)
+        self.activation = activation
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, block, h: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        messages = self.conv(block, h)
+        out = {}
+        for ntype in block.dsttypes:
+            if block.num_dst_nodes(ntype):
+                x = self.loop(h[ntype][: block.num_dst_nodes(ntype)]) + messages.get(ntype, 0)
+                out[ntype] = self.dropout(F.relu(x)) if self.activation else x
+        return out
+
+
+class RGCN(nn.Module):
+    """Input projections of featured types, then `num_layers` relational layers; the dense part of the model."""
+
+    def __init__(self, feat_dims: dict[str, int], num_hidden: int, num_classes: int, relations: list[str],
+                 num_layers: int, dropout: float):
+        super().__init__()
+        self.project = nn.ModuleDict({ntype: nn.Linear(dim, num_hidden) for ntype, dim in feat_dims.items()})
+        sizes = [num_hidden] * num_layers + [num_classes]
+        self.layers = nn.ModuleList(RelGraphConv(a, b, relations, i < num_layers - 1, dropout)
+                                    for i, (a, b) in enumerate(zip(sizes, sizes[1:])))
+
+    def forward(self, blocks: list, inputs: dict[str, torch.Tensor], category: str) -> tuple:
+        """(last hidden layer, logits) of the category's seed nodes."""
+        h = {ntype: self.project[ntype](x) if ntype in self.project else x for ntype, x in inputs.items()}
+        hidden = h
+        for layer, block in zip(self.layers, blocks):
+            hidden, h = h, layer(block, h)
+        return hidden[category][: blocks[-1].num_dst_nodes(category)], h[category]
+
+
+def init_embedding(shape: tuple, dtype: torch.dtype) -> torch.Tensor:
+    return torch.empty(shape, dtype=dtype).uniform_(-1.0, 1.0)
+
+
+class Inputs:
+    """Input rows of a block's source nodes: stored features, or learnt embeddings of featureless types."""
+
+    def __init__(self, g, num_hidden: int):
+        self.g = g
+        self.embeddings = {
+            ntype: dgl.distributed.DistEmbedding(g.num_nodes(ntype), num_hidden, f"dglkit_emb_{ntype}",
+                                                 init_embedding, g.get_node_partition_policy(ntype))
+            for ntype in g.ntypes if "feat" not in g.nodes[ntype].data}
+
+    def __call__(self, input_nodes: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {ntype: self.embeddings[ntype](ids) if ntype in self.embeddings else self.g.nodes[ntype].data["feat"][ids]
+                for ntype, ids in input_nodes.items()}
+
+
+def train_rgcn(args: argparse.Namespace, config: dict) -> None:
+    rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    g = dgl.distributed.DistGraph(config["graph_name"], part_config=args.part_config)
+    category = next(ntype for ntype in g.ntypes if "labels" in g.nodes[ntype].data)
+    book = g.get_partition_book()
+    nids = {name: dgl.distributed.node_split(g.nodes[category].data[f"{name}_mask"], book, ntype=category,
+                                             force_even=True) for name in ("train", "val", "test")}
+    labels = g.nodes[category].data["labels"]
+    num_classes = int(torch.max(labels[0 : g.num_nodes(category)])) + 1
+    feat_dims = {t: g.nodes[t].data["feat"].shape[1] for t in g.ntypes if "feat" in g.nodes[t].data}
+    log(rank, f"graph {config['graph_name']}: {dict((t, g.num_nodes(t)) for t in g.ntypes)} nodes, "
+        f"{len(g.etypes)} relations, {num_classes} classes of {category}; featureless (learnt embeddings): "
+        f"{[t for t in g.ntypes if t not in feat_dims]}; this trainer: "
+        + ", ".join(f"{len(ids)} {name}" for name, ids in nids.items()))
+
+    inputs = Inputs(g, args.num_hidden)
+    model = RGCN(feat_dims, args.num_hidden, num_classes, g.etypes, args.num_layers, args.dropout)
+    # A block may lack some relations, whose weights then get no gradient in that step.
+    model = DistributedDataParallel(model, find_unused_parameters=True)
+    optimizer = torch.optim.Adam(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
+    sparse_optimizer = (dgl.distributed.optim.SparseAdam(list(inputs.embeddings.values()), lr=args.sparse_lr)
+                        if inputs.embeddings else None)
+    # SparseAdam's step exchanges gradients between all trainers, so all take the same number of steps: the
+    # even split differs by at most one node per trainer, which the shorter shares decide.
+    shortest = torch.tensor([len(nids["train"])])
+    torch.distributed.all_reduce(shortest, op=torch.distributed.ReduceOp.MIN)
+    sampler = dgl.dataloading.MultiLayerNeighborSampler([int(f) for f in args.fan_out.split(",")])
+    loader = dgl.dataloading.DistNodeDataLoader(g, {category: nids["train"][: int(shortest)]}, sampler,
+                                                batch_size=args.batch_size, shuffle=True, drop_last=False)
+
+    metrics = open_metrics(args, world) if rank == 0 else None
+    best = {"val_acc": -1.0, "test_acc": None, "epoch": None, "state": None}
+    for epoch in range(args.num_epochs):
+        model.train()
+        start = time.time()
+        totals = torch.zeros(3, dtype=torch.float64)  # loss sum, correct, seeds
+        for step, (input_nodes, seeds, blocks) in enumerate(loader):
+            _, logits = model(blocks, inputs(input_nodes), category)
+            y = labels[seeds[category]].long()
+            loss = F.cross_entropy(logits, y)
+            optimizer.zero_grad()
+            if sparse_optimizer:
+                sparse_optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            if sparse_optimizer:
+                sparse_optimizer.step()
+            totals += torch.tensor([loss.item() * len(y), (logits.argmax(1) == y).sum().item(), len(y)],
+                                   dtype=torch.float64)
+            if step % args.log_every == 0:
+                log(rank, f"epoch {epoch} step {step} loss {loss.item():.4f} seeds {len(y)}")
+        epoch_time = torch.tensor([time.time() - start], dtype=torch.float64)
+        torch.distributed.all_reduce(totals)
+        torch.distributed.all_reduce(epoch_time, op=torch.distributed.ReduceOp.MAX)
+        val_acc, test_acc = (evaluate(model.module, inputs, g, category, nids[name], sampler, args.eval_batch_size)
+                             for name in ("val", "test"))
+        if val_acc > best["val_acc"]:
+            best = {"val_acc": val_acc, "test_acc": test_acc, "epoch": epoch,
+                    "state": copy.deepcopy(model.module.state_dict())}
+        loss_sum, correct, seeds = totals.tolist()
+        record = {"event": "epoch", "epoch": epoch, "loss": loss_sum / max(seeds, 1),
+                  "train_acc": correct / max(seeds, 1), "val_acc": val_acc, "test_acc": test_acc,
+                  "epoch_time": epoch_time.item(), "seeds_per_s": seeds / epoch_time.item(), "num_trainers": world}
+        log_epoch(rank, record)
+        if metrics:
+            write_event(metrics, record)
+
+    log(rank, f"test_acc {test_acc:.4f} (final model), {best['test_acc']:.4f} (best validation epoch "
+        f"{best['epoch']}, val_acc {best['val_acc']:.4f})")
+    if args.save_embeddings or args.save_predictions:
+        save_outputs(args, model.module, inputs, g, category, rank)
+    if metrics:
+        test = {"test_acc": test_acc, "val_acc": val_acc, "best_test_acc": best["test_acc"],
+                "best_val_acc": best["val_acc"], "best_epoch": best["epoch"]}
+        write_event(metrics, {"event": "test", **test})
+        metrics.close()
+        torch.save(model.module.state_dict(), Path(args.out_dir) / "model.pt")
+        torch.save(best["state"], Path(args.out_dir) / "model-best.pt")
+        write_result(args, {**test, "num_trainers": world, "num_classes": num_classes, "category": category,
+                            "featureless_types": sorted(inputs.embeddings), "graph_name": config["graph_name"]})
+
+
+def evaluate(model, inputs: Inputs, g, category: str, nids, sampler, batch_size: int) -> float:
+    """Accuracy on the category's `nids` over all trainers (each passes its own split)."""
+    model.eval()
+    counts = torch.zeros(2, dtype=torch.float64)
+    loader = dgl.dataloading.DistNodeDataLoader(g, {category: nids}, sampler, batch_size=batch_size, shuffle=False)
+    with torch.no_grad():
+        for input_nodes, seeds, blocks in loader:
+            _, logits = model(blocks, inputs(input_nodes), category)
+            y = g.nodes[category].data["labels"][seeds[category]].long()
+            counts += torch.tensor([(logits.argmax(1) == y).sum().item(), len(y)], dtype=torch.float64)
+    torch.distributed.all_reduce(counts)
+    model.train()
+    return counts[0].item() / max(counts[1].item(), 1)
+
+
+def save_outputs(args: argparse.Namespace, model, inputs: Inputs, g, category: str, rank: int) -> None:
+    """Every trainer infers its share of the category over full neighbourhoods into shared DistTensors; rank 0
+    writes them, and the learnt embeddings, in original per-type IDs."""
+    n = g.num_nodes(category)
+    hidden = dgl.distributed.DistTensor((n, args.num_hidden), torch.float32, "dglkit_rgcn_hidden", persistent=True)
+    predicted = dgl.distributed.DistTensor((n,), torch.int64, "dglkit_rgcn_predicted", persistent=True)
+    every_node = torch.ones(n, dtype=torch.bool)
+    nodes = dgl.distributed.node_split(every_node, g.get_partition_book(), ntype=category, force_even=True)
+    sampler = dgl.dataloading.MultiLayerFullNeighborSampler(args.num_layers)
+    loader = dgl.dataloading.DistNodeDataLoader(g, {category: nodes}, sampler, batch_size=args.eval_batch_size)
+    model.eval()
+    with torch.no_grad():
+        for input_nodes, seeds, blocks in loader:
+            h, logits = model(blocks, inputs(input_nodes), category)
+            hidden[seeds[category]], predicted[seeds[category]] = h, logits.argmax(1)
+    g.barrier()
+    if rank != 0:
+        return
+    with np.load(Path(args.part_config).parent / "orig_nids.npz") as orig:
+        orig_nids = {ntype: orig[ntype] for ntype in orig.files}
+    out_dir = Path(args.out_dir)
+    if args.save_predictions:
+        np.save(out_dir / "predictions.npy", to_original_order(predicted[0:n].numpy(), orig_nids[category]))
+    if args.save_embeddings:
+        rows = {category: hidden[0:n].numpy(),
+                **{t: emb.weight[0 : g.num_nodes(t)].numpy() for t, emb in inputs.embeddings.items()}}
+        np.savez(out_dir / "embeddings.npz", **{t: to_original_order(v, orig_nids[t]) for t, v in rows.items()})

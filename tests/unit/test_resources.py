@@ -1,0 +1,67 @@
+"""Memory estimates: `prepare` and `partition` refuse, before writing anything, a run the host cannot hold."""
+
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from dglkit.resources import GB, memory_estimate
+
+APP = Path(__file__).resolve().parents[2] / "app"
+MEMORY_CGROUPS = Path("/sys/fs/cgroup/memory")
+
+
+def test_estimates_follow_the_measured_peaks():
+    # products-dgl: 2.45M nodes, 123.7M edges, 100 features. partition_graph passed 21.6 GB before it was
+    # stopped (BENCHMARKS.md); the lean builder is built to stay under 12 GB.
+    nodes, edges = 2_449_029, 123_718_512
+    assert memory_estimate("dgl", nodes, edges, 100) > 24 * GB
+    assert memory_estimate("lean", nodes, edges, 100) < 12 * GB
+    # 1M nodes / 24M edges: partition_graph peaked at 5.5 GB, prepare at 1.6 GB.
+    assert 5 * GB < memory_estimate("dgl", 1_000_000, 23_980_772, 100) < 7 * GB
+    assert 1.5 * GB < memory_estimate("prepare", 1_000_000, 23_980_772, 100) < 2.5 * GB
+
+
+def test_prepare_refuses_a_graph_larger_than_the_memory_and_writes_nothing(cli, tmp_path):
+    out = tmp_path / "data"
+    code, _, err = cli("prepare", "--dataset", "synthetic", "--out", out, "--num-nodes", "2000000",
+                       "--avg-degree", "25", "--memory-gb", "2")
+    assert code == 2 and not out.exists()
+    assert "preparing 2000000 nodes" in err and "needs about 3.1 GB of memory" in err
+    assert "has 2.0 GB available (--memory-gb)" in err and "storage host with more memory" in err
+
+
+def test_partition_refusal_leaves_the_old_partition_alone(cli, synthetic_dataset, partition_2, tmp_path):
+    out = tmp_path / "parts"
+    assert cli("partition", "--dataset-dir", synthetic_dataset, "--out", out, "--num-parts", 2)[0] == 0
+    before = {p: p.stat().st_mtime_ns for p in out.rglob("*")}
+    code, _, err = cli("partition", "--dataset-dir", synthetic_dataset, "--out", out, "--num-parts", 1,
+                       "--builder", "dgl", "--memory-gb", "0.5")
+    assert code == 2 and "(--builder dgl) needs about 0.6 GB of memory" in err and "--builder lean" in err
+    assert {p: p.stat().st_mtime_ns for p in out.rglob("*")} == before
+
+
+@pytest.fixture
+def memory_cgroup():
+    """A cgroup v1 memory group of this machine, capped by the test (needs root and the v1 controller)."""
+    if not os.access(MEMORY_CGROUPS, os.W_OK):
+        pytest.skip("no writable cgroup v1 memory controller (needs root)")
+    group = MEMORY_CGROUPS / f"dglkit-test-{uuid.uuid4().hex[:8]}"
+    group.mkdir()
+    yield group
+    group.rmdir()
+
+
+def test_partition_refuses_under_a_real_cgroup_memory_limit(memory_cgroup, synthetic_dataset, tmp_path):
+    """No --memory-gb: the limit comes from the kernel, as on a container or a MemoryMax= unit."""
+    (memory_cgroup / "memory.limit_in_bytes").write_text(str(400 * 2**20))
+    out = tmp_path / "parts"
+    script = f'echo $$ > {memory_cgroup}/cgroup.procs && exec "$@"'
+    proc = subprocess.run(["sh", "-c", script, "sh", sys.executable, "-m", "dglkit", "partition", "--dataset-dir",
+                           synthetic_dataset, "--out", out, "--num-parts", "2"], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(APP)}, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert "memory cgroup limit 0.4 GB" in proc.stderr and not out.exists()
