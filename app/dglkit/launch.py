@@ -1,6 +1,7 @@
 """Start and supervise this node's DGL servers and trainers (DGL's tools/launch.py, one node at a time).
 
-Runs on every worker. Starts `num_servers` DGL servers and one torchrun for the trainers with DGL's launcher
+Runs on every worker. Runs the job's command (the kit's own trainer, or a user program written for DGL's
+launch.py) as `num_servers` DGL servers and, through torchrun, as the trainers, with DGL's launcher
 environment, then watches them: a process that fails, a heartbeat that stops, another node whose status went
 stale, a FAILED file written by another node's launcher, or a STOP request stop everything this node started.
 Afterwards no process, listening port or /dev/shm file of the job is left. Logs, one per process, go to
@@ -18,6 +19,7 @@ import ctypes
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import socket
@@ -53,8 +55,24 @@ DEFAULTS = {
     "connect_retries": 10,
     "grace": 10.0,
     "local": False,
+    "command": "",
+    "program_dir": None,
+    "python_env": None,
     "train_args": [],
 }
+# What a command may name in braces; everything else in braces is refused (`${VAR}` is the shell's).
+PLACEHOLDERS = ("ip_config", "part_config", "graph_name", "output_dir", "job_dir", "program_dir", "node_name",
+                "machine_id", "num_machines", "num_servers", "num_trainers", "num_samplers")
+PLACEHOLDER = re.compile(r"(?<!\$)\{([A-Za-z_][A-Za-z0-9_]*)\}")
+# The kit's own trainer: the command when job.json names no program (train_args are appended).
+BUILTIN_COMMAND = "python3 -m dglkit train --ip-config {ip_config} --part-config {part_config} --out-dir {output_dir}"
+# DGL's launch.py puts `-m torch.distributed.run ...` after the first python of the command.
+PYTHON_WORD = re.compile(r"(?:^|(?<=[\s;&|(]))((?:[^\s;&|()]*/)?python[0-9.]*)(?=\s|$)")
+# The line that starts torchrun's report of a failed trainer.
+TORCHRUN_REPORT = re.compile(r"^.*torch\.distributed\.elastic\.multiprocessing\.api.*failed \(exitcode", re.M)
+SHELL_BUILTINS = {"cd", "exec", "export", "set", "eval", ".", "source", "(", "{", "ulimit", "umask", "true"}
+# Its sitecustomize makes an uncaught exception end a job's process instead of hanging in DGL's exit.
+JOBSITE = Path(__file__).resolve().parent / "jobsite"
 STATUS_EVERY = 2.0
 # Servers load their partition before they listen, trainers import torch and dgl before they log: on a
 # large graph or a busy machine that takes minutes, whatever --stall-timeout says.
@@ -96,6 +114,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--grace", type=float, help="seconds between SIGTERM and SIGKILL when stopping (default 10)")
     parser.add_argument("--local", action="store_true", default=None,
                         help="run the whole job on this machine (127.0.0.1, a 1-part partition)")
+    parser.add_argument("--command", help="the program's command line as for DGL's launch.py, with {placeholders}: "
+                        + ", ".join(f"{{{name}}}" for name in PLACEHOLDERS) + " (default: the kit's trainer)")
+    parser.add_argument("--program-dir", help="working directory of the program's processes (default: the job dir)")
+    parser.add_argument("--python-env", help="environment whose bin/ leads PATH, so that the command's python is "
+                        "its python (default: the launcher's)")
+    parser.add_argument("--check", action="store_true", help="run the pre-flight checks only and start nothing")
     parser.add_argument("train_args", nargs=argparse.REMAINDER, help="-- then `dglkit train` arguments")
 
 
@@ -208,9 +232,71 @@ def preflight(cfg: argparse.Namespace) -> dict:
     if cfg.nodes and (len(cfg.nodes) != len(machines) or cfg.node_name not in cfg.nodes):
         raise UserError(f"--nodes {','.join(cfg.nodes)}: give one name per ip_config line ({len(machines)}), "
                         f"including this node's {cfg.node_name}")
+    cwd = Path(cfg.program_dir).resolve() if cfg.program_dir else job_dir
+    if not cwd.is_dir():
+        raise UserError(f"program directory {cwd} not found on {cfg.node_name}: ship the program first")
+    bin_dir = Path(cfg.python_env or sys.prefix) / "bin"
+    path = f"{bin_dir}{os.pathsep}{os.environ.get('PATH', os.defpath)}"
+    values = {"ip_config": ip_config, "part_config": part_config, "graph_name": graph_name(part_config),
+              "output_dir": job_dir, "job_dir": job_dir, "program_dir": cwd, "node_name": cfg.node_name,
+              "machine_id": machine_id, "num_machines": len(machines), "num_servers": cfg.num_servers,
+              "num_trainers": cfg.num_trainers, "num_samplers": cfg.num_samplers}
+    template = cfg.command or " ".join([BUILTIN_COMMAND, *map(shlex.quote, cfg.train_args)])
+    command = expand(template, values)
+    check_executables(command, cwd, path, cfg.node_name)
     return {"job_dir": job_dir, "ip_config": ip_config, "part_config": part_config, "machines": machines,
-            "machine_id": machine_id, "address": address, "port": port,
-            "ifname": interfaces.get(address, "lo"), "node_dir": job_dir / "nodes" / cfg.node_name}
+            "machine_id": machine_id, "address": address, "port": port, "command": command, "cwd": cwd,
+            "path": path, "ifname": interfaces.get(address, "lo"), "node_dir": job_dir / "nodes" / cfg.node_name}
+
+
+def graph_name(part_config: Path) -> str:
+    return str(read_partition_config(part_config)["graph_name"])
+
+
+def expand(command: str, values: dict) -> str:
+    """The command with each {placeholder} replaced by its shell-quoted value."""
+    unknown = sorted({name for name in PLACEHOLDER.findall(command) if name not in values})
+    if unknown:
+        raise UserError(f"unknown placeholder(s) {', '.join('{' + name + '}' for name in unknown)} in the command; "
+                        f"known: {', '.join('{' + name + '}' for name in PLACEHOLDERS)} (write ${{NAME}} for a "
+                        "shell variable)")
+    return PLACEHOLDER.sub(lambda found: shlex.quote(str(values[found.group(1)])), command)
+
+
+def python_word(command: str) -> re.Match:
+    found = PYTHON_WORD.search(command)
+    if not found:
+        raise UserError(f"the command {command!r} starts no python: as with DGL's launch.py, trainers run as "
+                        "`python -m torch.distributed.run <your script>`, so the command must run python")
+    return found
+
+
+def torchrun_command(command: str, torchrun_args: list[str]) -> str:
+    """The command with its first python turned into `python -m torch.distributed.run ARGS` (DGL's launch.py)."""
+    found = python_word(command)
+    return f"{command[:found.end()]} -m torch.distributed.run {shlex.join(torchrun_args)}{command[found.end():]}"
+
+
+def check_executables(command: str, cwd: Path, path: str, node: str) -> None:
+    """The command's first program and its python must exist on this node, and so must the script that python
+    runs when the command starts with it."""
+    try:
+        words = [word for word in shlex.split(command) if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", word)]
+    except ValueError as error:
+        raise UserError(f"the command {command!r} is not a valid shell command line: {error}")
+    python = python_word(command).group(1)
+    for program in {words[0], python} - SHELL_BUILTINS:
+        if not (shutil.which(program, path=path) if "/" not in program else os.access(cwd / program, os.X_OK)):
+            raise UserError(f"`{program}` of the command is not an executable on {node} (looked in {path} from "
+                            f"{cwd}): install it or fix the command")
+    if words[0] != python:
+        return
+    if not any(word in ("-m", "-c") or not word.startswith("-") for word in words[1:]):
+        raise UserError(f"the command {command!r} gives python no script: name the script or module it runs")
+    script = next((word for word in words[1:] if not word.startswith("-")), None)
+    if script and script.endswith(".py") and "-m" not in words[1:words.index(script)] and not (cwd / script).is_file():
+        raise UserError(f"{python} would run {script}, which is not in {cwd} on {node}: fix the command or the "
+                        "program directory")
 
 
 class Launcher:
@@ -329,30 +415,34 @@ class Launcher:
             self.log_file.write(line + "\n")
             self.log_file.flush()
 
-    def start(self, name: str, command: list[str], env: dict[str, str], log: Path) -> None:
+    def start(self, name: str, command: str, env: dict[str, str], log: Path) -> None:
+        # A plain `python ...` replaces the shell, so that it gets the death signal below itself.
+        if PYTHON_WORD.match(command) and not re.search(r"[;&|<>()`$]", command):
+            command = f"exec {command}"
         with open(log, "ab") as out:
             # Own process group (stopped by PGID); SIGTERM if the launcher itself dies.
             self.procs[name] = subprocess.Popen(
-                command, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                cwd=self.job["job_dir"], start_new_session=True, preexec_fn=die_with_parent)
+                ["/bin/sh", "-c", command], env=env, stdout=out, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, cwd=self.job["cwd"], start_new_session=True, preexec_fn=die_with_parent)
         self.logs[name] = log
         self.pgids.add(self.procs[name].pid)
         self.say(f"started {name} (pid {self.procs[name].pid}), log {log}")
 
     def start_all(self) -> None:
+        """The command as DGL servers, then through torchrun as the trainers, each with launch.py's environment."""
         cfg, job = self.cfg, self.job
         num_machines = len(job["machines"])
-        train = [sys.executable, "-m", "dglkit", "train", "--ip-config", str(job["ip_config"]),
-                 "--part-config", str(job["part_config"]), "--out-dir", str(job["job_dir"]), *cfg.train_args]
-        env = dict(os.environ, DGLBACKEND="pytorch", PYTHONUNBUFFERED="1",
-                   GLOO_SOCKET_IFNAME=job["ifname"], DGL_DIST_MAX_TRY_TIMES=str(cfg.connect_retries),
+        pythonpath = os.pathsep.join(filter(None, [str(JOBSITE), os.environ.get("PYTHONPATH")]))
+        env = dict(os.environ, PATH=job["path"], PYTHONPATH=pythonpath, DGLBACKEND="pytorch",
+                   PYTHONUNBUFFERED="1", GLOO_SOCKET_IFNAME=job["ifname"], DGL_DIST_MAX_TRY_TIMES=str(cfg.connect_retries),
                    DGL_NUM_CLIENT=str(cfg.num_trainers * (1 + cfg.num_samplers) * num_machines),
                    DGL_CONF_PATH=str(job["part_config"]), DGL_IP_CONFIG=str(job["ip_config"]),
-                   DGL_NUM_SERVER=str(cfg.num_servers), DGL_NUM_SAMPLER=str(cfg.num_samplers))
+                   DGL_NUM_SERVER=str(cfg.num_servers), DGL_NUM_SAMPLER=str(cfg.num_samplers),
+                   DGL_GRAPH_FORMAT="csc", DGLKIT_OUTPUT_DIR=str(job["job_dir"]))
         for s in range(cfg.num_servers):
             server_env = dict(env, DGL_ROLE="server", DGL_SERVER_ID=str(job["machine_id"] * cfg.num_servers + s),
-                              DGL_GRAPH_FORMAT="csc", OMP_NUM_THREADS=str(cfg.server_threads))
-            self.start(f"server-{s}", train, server_env, self.node_dir / f"server-{s}.log")
+                              DGL_KEEP_ALIVE="0", OMP_NUM_THREADS=str(cfg.server_threads))
+            self.start(f"server-{s}", job["command"], server_env, self.node_dir / f"server-{s}.log")
         # Trainers connect to every server with a bounded number of retries: start them once ours listen.
         self.wait_for_servers_listening()
         if self.state != "starting":
@@ -360,10 +450,9 @@ class Launcher:
         trainer_env = dict(env, DGL_DIST_MODE="distributed", DGL_ROLE="client", DGL_GROUP_ID="0",
                            OMP_NUM_THREADS=str(cfg.trainer_threads), DGLKIT_TRAINER_LOG_DIR=str(self.node_dir),
                            DGLKIT_HEARTBEAT_DIR=str(self.node_dir))
-        torchrun = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={cfg.num_trainers}",
-                    f"--nnodes={num_machines}", f"--node_rank={job['machine_id']}",
-                    f"--master_addr={job['machines'][0][0]}", f"--master_port={cfg.master_port}",
-                    "--monitor-interval=1", *train[1:]]
+        torchrun = torchrun_command(job["command"], [
+            f"--nproc_per_node={cfg.num_trainers}", f"--nnodes={num_machines}", f"--node_rank={job['machine_id']}",
+            f"--master_addr={job['machines'][0][0]}", f"--master_port={cfg.master_port}", "--monitor-interval=1"])
         self.start("trainers", torchrun, trainer_env, self.node_dir / "torchrun.log")
         self.set_state("running")
 
@@ -374,6 +463,12 @@ class Launcher:
             listening = {conn.laddr.port for name, proc in self.procs.items() if proc.poll() is None
                          for conn in safe_connections(proc.pid) if conn.status == psutil.CONN_LISTEN}
             if ports <= listening:
+                return
+            ended = [name for name, proc in self.procs.items() if proc.poll() == 0]
+            if ended:
+                # A server that is done before it listens never ran DGL's initialize() (a command that is
+                # not a DGL program, a script that returns early).
+                self.fail(ended[0], 0, "exited before it listened on its port", self.logs[ended[0]])
                 return
             if self.check_processes() or self.check_outside() or time.time() > deadline:
                 if self.state == "starting":
@@ -592,10 +687,19 @@ def die_with_parent() -> None:
 
 
 def safe_connections(pid: int) -> list:
+    """TCP connections of a process and its descendants (a server runs under `sh -c`)."""
     try:
-        return psutil.Process(pid).net_connections(kind="tcp")
+        root = psutil.Process(pid)
+        family = [root, *root.children(recursive=True)]
     except psutil.Error:
         return []
+    connections = []
+    for proc in family:
+        try:
+            connections += proc.net_connections(kind="tcp")
+        except psutil.Error:
+            pass
+    return connections
 
 
 def group_exists(pgid: int) -> bool:
@@ -647,10 +751,13 @@ def remove_orphaned_shm(before: set[str]) -> list[str]:
 
 
 def log_tail(path: Path, lines: int = 12) -> list[str]:
+    """The last lines of a log; of torchrun's, those before its own error report (the program's traceback)."""
     try:
-        return path.read_text(errors="replace").splitlines()[-lines:]
+        text = path.read_text(errors="replace")
     except OSError:
         return []
+    report = TORCHRUN_REPORT.search(text)
+    return text[:report.start() if report else len(text)].splitlines()[-lines:]
 
 
 def describe_exit(code: int) -> str:
@@ -662,6 +769,9 @@ def describe_exit(code: int) -> str:
 def run(args: argparse.Namespace) -> int:
     cfg = settings(args)
     job = preflight(cfg)
+    if args.check:
+        emit_result({"changed": False, "node": cfg.node_name, "command": job["command"], "cwd": str(job["cwd"])})
+        return 0
     job["node_dir"].mkdir(parents=True, exist_ok=True)
     if cfg.local:
         job["ip_config"].write_text(f"127.0.0.1 {cfg.server_port}\n")

@@ -105,8 +105,10 @@ def progress_line(result: dict, config: dict) -> str:
     progress = result["progress"]
     if progress:
         figures = " ".join(f"{name} {progress[name]:.4f}" for name in PROGRESS_FIGURES if name in progress)
-        line += (f": epoch {progress['epoch'] + 1}/{epochs} {figures}, {progress['epoch_time']:.1f} s, "
-                 f"{progress['seeds_per_s']:.0f} seeds/s")
+        line += f": epoch {progress['epoch'] + 1}/{epochs} {figures}"
+        # A user program's epoch events need not carry the kit trainer's timings.
+        if "epoch_time" in progress and "seeds_per_s" in progress:
+            line += f", {progress['epoch_time']:.1f} s, {progress['seeds_per_s']:.0f} seeds/s"
     if result["attempt"] > 1 or result["state"] == "restarting":
         line += f"; attempt {result['attempt']} of at most {result['max_restarts'] + 1}"
     if result["reason"] and result["state"] != "succeeded":

@@ -19,6 +19,7 @@ from pathlib import Path
 CACHE = Path("/var/cache/dglkit")
 REPO_ROOT = Path(__file__).resolve().parents[2]
 STAGED_PACKAGES = Path(__file__).with_name("staged-packages.txt")
+TEST_PROGRAM_REQUIREMENTS = REPO_ROOT / "tests" / "programs" / "train_dist" / "requirements.txt"
 SUITE = "bookworm"
 
 # What a plain cloud/server image has.
@@ -140,11 +141,13 @@ cp var/cache/apt/archives/*.deb {debs}/
 
 
 def build_wheelhouse() -> Path:
-    """The pinned node environment as wheels; skipped when the stamp matches and every wheel is there."""
+    """The pinned node environment as wheels, plus the extra requirement of the test program (which the node
+    environment lacks); skipped when the stamp matches and every wheel is there."""
     dest = CACHE / "wheelhouse"
     reqs = REPO_ROOT / "app" / "requirements"
     stamp_file = dest / ".stamp.json"
-    stamp = recipe_hash((reqs / "node.txt").read_text(), (reqs / "ogb.txt").read_text())
+    stamp = recipe_hash((reqs / "node.txt").read_text(), (reqs / "ogb.txt").read_text(),
+                        TEST_PROGRAM_REQUIREMENTS.read_text())
     if stamp_file.is_file():
         recorded = json.loads(stamp_file.read_text())
         if recorded["recipe"] == stamp and all((dest / w).is_file() for w in recorded["wheels"]):
@@ -156,6 +159,7 @@ def build_wheelhouse() -> Path:
     pip = [sys.executable, "-m", "pip", "download", "-q", "-d", str(dest)]
     run(pip + ["-r", str(reqs / "node.txt")])
     run(pip + ["--no-deps", "-r", str(reqs / "ogb.txt")])
+    run(pip + ["-r", str(TEST_PROGRAM_REQUIREMENTS)])
     wheels = sorted(p.name for p in dest.iterdir() if not p.name.startswith("."))
     stamp_file.write_text(json.dumps({"recipe": stamp, "wheels": wheels}))
     return dest

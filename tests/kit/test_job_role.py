@@ -119,6 +119,21 @@ def test_job_json_is_what_the_launcher_and_trainer_accept(records: dict, tmp_pat
     assert "--graphbolt" in graphbolt and "--graphbolt" not in cfg.train_args
 
 
+def test_a_user_program_has_its_own_job_id_and_command_in_job_json(records: dict, tmp_path: Path) -> None:
+    from dglkit import launch
+
+    defaults, program = ids(records, "defaults"), ids(records, "program")
+    assert program["job"].startswith("train_dist-synthetic-2w-") and program["partition"] == defaults["partition"]
+    config = tmp_path / "job.json"
+    config.write_text(json.dumps(program["job_json"]))
+    parser = argparse.ArgumentParser()
+    launch.add_arguments(parser)
+    cfg = launch.settings(parser.parse_args(["--config", str(config)]))
+    assert cfg.command == "python3 train_dist.py --graph_name {graph_name} --ip_config {ip_config}"
+    assert cfg.program_dir == "/srv/dglkit/programs/train_dist-0123456789ab" and cfg.train_args == []
+    assert cfg.python_env == "/srv/dglkit/program-envs/train_dist-ba9876543210"
+
+
 def test_job_json_of_a_resized_cluster_uses_the_new_partition(records: dict) -> None:
     resized = ids(records, "resized")
     assert resized["job_json"]["part_config"] == f"/srv/dglkit/partitions/{resized['partition']}/synthetic.json"
@@ -141,6 +156,10 @@ def test_job_json_of_a_resized_cluster_uses_the_new_partition(records: dict) -> 
     ("job-id", "dgl_job_id=../elsewhere: use letters, digits"),
     ("memory-max", "dgl_job_memory_max=8GB: use bytes with K, M, G or T (e.g. 48G), a percentage"),
     ("cpu-quota", "dgl_job_cpu_quota=2: use a percentage of one core (400% = four cores)"),
+    ("program-dir", "dgl_program_dir=/nonexistent/project: no such directory on the controller"),
+    ("program-placeholder", "dgl_program_command names unknown placeholder(s) {graf_name}; known: {ip_config}"),
+    ("program-command", "dgl_program_command is empty"),
+    ("program-one-word", "dgl_program_command=python3 is one word: with -e, quote the whole command"),
 ])
 def test_bad_settings_fail_with_a_message_that_names_them(records: dict, case: str, message: str) -> None:
     assert message in records[f"reject-{case}"]

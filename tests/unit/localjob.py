@@ -31,10 +31,11 @@ def free_ports(count: int) -> int:
 STARTED: list[subprocess.Popen] = []
 
 
-def start_launch(job_dir: Path, *args: object) -> subprocess.Popen:
-    """`dglkit launch --job-dir JOB_DIR ARGS` in the background, output in JOB_DIR/launch.out."""
+def start_launch(job_dir: Path, *args: object, pythonpath: tuple[Path, ...] = ()) -> subprocess.Popen:
+    """`dglkit launch --job-dir JOB_DIR ARGS` in the background, output in JOB_DIR/launch.out; the job's
+    processes import the app and whatever `pythonpath` adds."""
     job_dir.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "PYTHONPATH": str(APP)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, (APP, *pythonpath)))}
     with open(job_dir / "launch.out", "w") as out:
         launch = subprocess.Popen([sys.executable, "-m", "dglkit", "launch", "--job-dir", job_dir, *map(str, args)],
                                   stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)

@@ -1,0 +1,154 @@
+"""playbooks/train.yml running the user's own program instead of the kit's trainer, on one 3-host test cluster
+(node1 storage, node2 and node3 workers): tests/programs/train_dist, written for DGL's tools/launch.py, with an
+extra requirement that only the wheelhouse has. The same program again is not copied again; a changed one runs
+as a new version; a program silent for longer than the stall timeout completes; a crashing one stops every
+node; bad input fails before anything starts.
+
+The tests share the cluster and a copy of the program, and run in file order.
+"""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+# site (site.yml once per module) and runs are test_train's fixtures.
+from test_train import assert_clean, flat, run_folder, runs, site, train  # noqa: F401
+
+if TYPE_CHECKING:
+    from conftest import Cluster
+
+PROGRAM = Path(__file__).resolve().parents[1] / "programs" / "train_dist"
+COMMAND = ("python3 train_dist.py --graph_name {graph_name} --ip_config {ip_config} --part_config {part_config} "
+           "--output_dir {output_dir} --num_epochs 3")
+DATASET = ["-e", "dgl_job_synthetic_nodes=20000"]
+
+
+@pytest.fixture(scope="module")
+def program(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The user's project directory on the controller (a copy: a test changes it)."""
+    return Path(shutil.copytree(PROGRAM, tmp_path_factory.mktemp("project") / "train_dist"))
+
+
+def run_program(cluster: Cluster, runs: Path, program: Path, command: str = COMMAND, *args: str, check: bool = True):
+    # JSON: -e key=value would split the command at its spaces.
+    program_vars = json.dumps({"dgl_program_dir": str(program), "dgl_program_command": command})
+    return train(cluster, runs, *DATASET, "-e", program_vars, *args, check=check)
+
+
+def assert_no_program_left(cluster: Cluster) -> None:
+    """assert_clean looks for the kit's processes; the program's are named after its script."""
+    assert_clean(cluster)
+    for host in cluster.groups()["workers"]:
+        left = cluster.ssh(host, "pgrep -af '[t]rain_dist[.]py'", check=False).stdout
+        assert left == "", (host, left)
+
+
+def job_of(folder: Path) -> dict:
+    return json.loads((folder / "job.json").read_text())
+
+
+def test_a_launchpy_program_trains_with_a_requirement_from_the_wheelhouse(site: Cluster, runs: Path, program: Path):
+    run = run_program(site, runs, program)
+    folder = run_folder(run.output)
+    assert folder.name.startswith("train_dist-synthetic-2w-"), folder
+    assert "succeeded" in flat(run.output) and "[node2 succeeded, node3 succeeded]" in flat(run.output)
+    result = json.loads((folder / "result.json").read_text())
+    assert result["val_acc"] > 0.5, result  # chance: 0.1
+    epochs = [m for m in map(json.loads, (folder / "metrics.jsonl").read_text().splitlines()) if m["event"] == "epoch"]
+    assert [m["epoch"] for m in epochs] == [0, 1, 2]
+    assert (folder / "curves.png").stat().st_size > 0 and "epochs          3 of 3" in (folder / "summary.txt").read_text()
+    # The program's own table (tabulate) in each worker's trainer output.
+    for node in ("node2", "node3"):
+        assert "epoch    loss    val_acc" in (folder / "nodes" / node / "torchrun.log").read_text(), node
+    job = job_of(folder)
+    assert job["command"] == COMMAND and job["train_args"] == []
+    assert Path(job["program_dir"]).parent == Path("/srv/dglkit/programs")
+    env = Path(job["python_env"])
+    assert env.parent == Path("/srv/dglkit/program-envs")
+    # tabulate came from the wheelhouse into the program's environment; the node venv stays without it.
+    installed = (site.workspace / "program-envs" / env.name / ".installed").read_text()
+    assert "/opt/dglkit-offline/wheelhouse/tabulate-" in installed, installed
+    assert site.ssh("node2", "/srv/dglkit/venv/bin/python -c 'import tabulate'", check=False).returncode != 0
+    versions = site.ssh("node2", f"DGLBACKEND=pytorch {env}/bin/python -c 'import tabulate, dgl, torch; "
+                        "print(torch.__version__, dgl.__version__)'").stdout.split()
+    assert versions[-2:] == ["2.2.1+cu121", "2.1.0"], versions  # the node venv's pins, untouched
+    assert_no_program_left(site)
+
+
+def test_the_same_program_silent_longer_than_the_stall_timeout_is_not_copied_again(
+        site: Cluster, runs: Path, program: Path):
+    versions = sorted(p.name for p in (site.workspace / "programs").iterdir())
+    shipped = [(site.workspace / "programs" / name / ".fingerprint").stat().st_mtime for name in versions]
+    envs = sorted((site.workspace / "program-envs").glob("*/.installed"))
+    built = [env.stat().st_mtime for env in envs]
+    started = time.time()
+    run = run_program(site, runs, program, COMMAND + " --quiet_seconds 25", "-e", "dgl_job_stall_timeout=10")
+    assert time.time() - started > 25
+    folder = run_folder(run.output)
+    assert json.loads((folder / "result.json").read_text())["num_epochs"] == 3
+    assert sorted(p.name for p in (site.workspace / "programs").iterdir()) == versions
+    assert [(site.workspace / "programs" / name / ".fingerprint").stat().st_mtime for name in versions] == shipped
+    assert sorted((site.workspace / "program-envs").glob("*/.installed")) == envs
+    assert [env.stat().st_mtime for env in envs] == built
+
+
+def test_a_changed_program_runs_as_a_new_version(site: Cluster, runs: Path, program: Path):
+    before = {p.name for p in (site.workspace / "programs").iterdir()}
+    script = program / "train_dist.py"
+    script.write_text(script.read_text() + "# changed by the test\n")
+    run = run_program(site, runs, program)
+    folder = run_folder(run.output)
+    new = {p.name for p in (site.workspace / "programs").iterdir()} - before
+    assert len(new) == 1 and before <= {p.name for p in (site.workspace / "programs").iterdir()}
+    assert Path(job_of(folder)["program_dir"]).name == new.pop()
+    assert (site.workspace / "programs" / Path(job_of(folder)["program_dir"]).name / "train_dist.py").read_text() \
+        .endswith("# changed by the test\n")
+    assert len(list((site.workspace / "program-envs").glob("*/.installed"))) == 1  # same requirements: same env
+
+
+def test_a_crashing_program_stops_every_node_with_its_traceback(site: Cluster, runs: Path, program: Path):
+    run = run_program(site, runs, program, COMMAND + " --crash_rank 1 --crash_epoch 1", "-e",
+                      "dgl_job_poll_seconds=5", "-e", "dgl_job_max_restarts=0", check=False)
+    output = flat(run.output)
+    assert run.returncode != 0
+    # Rank 1 (node3) raises; rank 0 (node2) then fails in its all-reduce: whichever launcher notices first
+    # names its node, and the end of that trainer's output follows.
+    found = re.search(r"job (\S+) failed on (node[23]): trainer-[01]: exited with exit code 1 .* end of "
+                      r"torchrun.log: .*RuntimeError: ", output)
+    assert found, run.output[-4000:]
+    job_dir = site.workspace / "jobs" / found.group(1)
+    assert "RuntimeError: injected crash on rank 1 in epoch 1" in (job_dir / "nodes/node3/torchrun.log").read_text()
+    failed = json.loads((job_dir / "FAILED").read_text())
+    other = {"node2": "node3", "node3": "node2"}[failed["node"]]
+    stopped = json.loads((job_dir / "nodes" / other / "status.json").read_text())
+    assert stopped["state"] == "failed" and stopped["updated"] - failed["time"] < 15, stopped
+    assert_no_program_left(site)
+
+
+@pytest.mark.parametrize("change, error", [
+    ({"dir": "/nonexistent/project"}, "dgl_program_dir=/nonexistent/project: no such directory on the controller"),
+    ({"command": "python3 train_dist.py --graph_name {graf_name}"},
+     "dgl_program_command names unknown placeholder(s) {graf_name}"),
+    ({"command": "python3 trian_dist.py --graph_name {graph_name}"}, "node2: python3 would run trian_dist.py, which is not in"),
+    ({"requirements": "tabulate==0.10.0\nno-such-package-dglkit==1.0\n"},
+     "No matching distribution found for no-such-package-dglkit==1.0"),
+])
+def test_bad_program_input_fails_before_anything_starts(site: Cluster, runs: Path, program: Path,
+                                                        tmp_path: Path, change: dict, error: str):
+    directory = change.get("dir", program)
+    if "requirements" in change:
+        directory = Path(shutil.copytree(program, tmp_path / "train_dist"))
+        (directory / "requirements.txt").write_text(change["requirements"])
+    jobs_before = set((site.workspace / "jobs").iterdir())
+    run = run_program(site, runs, directory, change.get("command", COMMAND), check=False)
+    assert run.returncode != 0 and error in flat(run.output), run.output[-4000:]
+    started = [job for job in set((site.workspace / "jobs").iterdir()) - jobs_before
+               if list(job.glob("nodes/*/launcher.log"))]
+    assert started == []
+    assert_no_program_left(site)

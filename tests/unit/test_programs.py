@@ -1,0 +1,152 @@
+"""`dglkit launch` running a program written for DGL's launch.py (tests/programs/train_dist): placeholders,
+the torchrun rewrite of the command, pre-flight refusals, and real local runs (trains and reports; silent for
+longer than the stall timeout; a crashing trainer)."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+
+from dglkit import launch
+from localjob import assert_job_gone, free_ports, start_launch
+
+REPO = Path(__file__).resolve().parents[2]
+PROGRAM = REPO / "tests" / "programs" / "train_dist"
+WHEELHOUSE = Path("/var/cache/dglkit/wheelhouse")
+COMMAND = ("python3 train_dist.py --graph_name {graph_name} --ip_config {ip_config} --part_config {part_config} "
+           "--output_dir {output_dir} --num_epochs 3 --batch_size 200")
+
+
+def test_the_role_knows_the_launchers_placeholders():
+    role_vars = yaml.safe_load((REPO / "roles/dgl_program/vars/main.yml").read_text())
+    assert role_vars["__dgl_program_placeholders"] == list(launch.PLACEHOLDERS)
+
+
+def test_placeholders_are_replaced_by_quoted_values_and_shell_variables_kept():
+    expanded = launch.expand("python3 t.py --g {graph_name} --n {num_machines} ${HOME} {a,b}",
+                             {"graph_name": "my graph", "num_machines": 2})
+    assert expanded == "python3 t.py --g 'my graph' --n 2 ${HOME} {a,b}"
+    with pytest.raises(launch.UserError, match=r"unknown placeholder\(s\) \{graf\}.*known: \{ip_config\}"):
+        launch.expand("python3 t.py {graf}", {"graph_name": "g"})
+
+
+@pytest.mark.parametrize("command, expected", [
+    ("python3 train.py --x 1", "python3 -m torch.distributed.run --nnodes=2 train.py --x 1"),
+    ("/opt/venv/bin/python3.11 -m pkg.train", "/opt/venv/bin/python3.11 -m torch.distributed.run --nnodes=2 -m pkg.train"),
+    ("cd sub && python train.py --log python3.txt",
+     "cd sub && python -m torch.distributed.run --nnodes=2 train.py --log python3.txt"),
+])
+def test_trainers_run_the_first_python_through_torchrun(command, expected):
+    assert launch.torchrun_command(command, ["--nnodes=2"]) == expected
+
+
+def check(cli, partition_1, tmp_path, command: str):
+    return cli("launch", "--local", "--part-config", partition_1, "--job-dir", tmp_path / "job", "--program-dir",
+               PROGRAM, "--server-port", free_ports(2), "--master-port", free_ports(1), "--command", command, "--check")
+
+
+def test_check_expands_the_command_and_starts_nothing(cli, partition_1, tmp_path):
+    code, result, err = check(cli, partition_1, tmp_path, COMMAND)
+    assert code == 0, err
+    assert result["command"].startswith(f"python3 train_dist.py --graph_name graph --ip_config {tmp_path}/job/ip_config.txt "
+                                        f"--part_config {partition_1} --output_dir {tmp_path}/job --num_epochs 3")
+    assert result["cwd"] == str(PROGRAM) and not (tmp_path / "job").exists()
+
+
+@pytest.mark.parametrize("command, error", [
+    ("python3 train_dist.py --graph_name {graf_name}", "unknown placeholder(s) {graf_name}"),
+    ("python3 trian_dist.py --graph_name {graph_name}", "would run trian_dist.py, which is not in"),
+    ("python3.99 train_dist.py", "`python3.99` of the command is not an executable"),
+    ("no-such-tool --wrap python3 train_dist.py", "`no-such-tool` of the command is not an executable"),
+    ("./train.sh {graph_name}", "starts no python"),
+    ("python3", "gives python no script"),
+    ("python3 train_dist.py --name 'unclosed", "not a valid shell command line"),
+])
+def test_bad_commands_are_refused_before_anything_starts(cli, partition_1, tmp_path, command, error):
+    code, _, err = check(cli, partition_1, tmp_path, command)
+    assert code == 2 and error in err, err
+    assert not (tmp_path / "job").exists()
+
+
+@pytest.fixture(scope="session")
+def program_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The program's requirements (not in the app's environment), from the test wheelhouse, for PYTHONPATH."""
+    target = tmp_path_factory.mktemp("program-site")
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--find-links", WHEELHOUSE,
+                    "--target", target, "-r", PROGRAM / "requirements.txt"], check=True)
+    return target
+
+
+def start_program(job_dir: Path, part_config: Path, site: Path, *args: object, command: str = COMMAND):
+    base = free_ports(3)
+    proc = start_launch(job_dir, "--local", "--part-config", part_config, "--node-name", "n1", "--num-servers", 2,
+                        "--num-trainers", 2, "--server-port", base, "--master-port", base + 2, "--program-dir",
+                        PROGRAM, *args, "--command", command, pythonpath=(site,))
+    return proc, [base, base + 1, base + 2]
+
+
+def wait_for_text(launch_proc, path: Path, text: str, timeout: float = 200) -> None:
+    deadline = time.time() + timeout
+    while not (path.exists() and text in path.read_text()):
+        assert launch_proc.poll() is None, f"the launcher exited {launch_proc.returncode} before {path} had {text!r}"
+        assert time.time() < deadline, f"{path} has no {text!r} after {timeout:.0f} s"
+        time.sleep(0.3)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_program_silent_longer_than_the_stall_timeout_trains_with_launchpys_environment(
+        partition_1, program_site, tmp_path, dglkit):
+    job_dir = tmp_path / "job"
+    shm_before = set(os.listdir("/dev/shm"))
+    launch_proc, ports = start_program(job_dir, partition_1, program_site, "--stall-timeout", 5,
+                                       command=COMMAND + " --quiet_seconds 15")
+    status_file = job_dir / "nodes/n1/status.json"
+    wait_for_text(launch_proc, job_dir / "metrics.jsonl", '"epoch"')
+    # Epoch 0 is done and the program is quiet for 15 s: look at the environment DGL's launch.py would give.
+    pids = {p["name"]: p["pid"] for p in json.loads(status_file.read_text())["processes"]}
+    server = psutil.Process(pids["server-1"]).environ()
+    assert {k: server[k] for k in ("DGL_ROLE", "DGL_SERVER_ID", "DGL_NUM_SERVER", "DGL_NUM_CLIENT", "DGL_NUM_SAMPLER",
+                                   "DGL_GRAPH_FORMAT", "DGL_KEEP_ALIVE", "OMP_NUM_THREADS", "DGLKIT_OUTPUT_DIR")} == {
+        "DGL_ROLE": "server", "DGL_SERVER_ID": "1", "DGL_NUM_SERVER": "2", "DGL_NUM_CLIENT": "2",
+        "DGL_NUM_SAMPLER": "0", "DGL_GRAPH_FORMAT": "csc", "DGL_KEEP_ALIVE": "0", "OMP_NUM_THREADS": "1",
+        "DGLKIT_OUTPUT_DIR": str(job_dir)}
+    trainers = [p for p in psutil.Process(pids["trainers"]).children(recursive=True) if "RANK" in p.environ()]
+    assert sorted(p.environ()["RANK"] for p in trainers) == ["0", "1"]
+    trainer = trainers[0].environ()
+    assert {k: trainer[k] for k in ("DGL_DIST_MODE", "DGL_ROLE", "DGL_GROUP_ID", "DGL_CONF_PATH", "DGL_IP_CONFIG")} == {
+        "DGL_DIST_MODE": "distributed", "DGL_ROLE": "client", "DGL_GROUP_ID": "0",
+        "DGL_CONF_PATH": str(partition_1), "DGL_IP_CONFIG": str(job_dir / "ip_config.txt")}
+    assert all(Path(p.cwd()) == PROGRAM for p in trainers)
+
+    assert launch_proc.wait(timeout=240) == 0, (job_dir / "launch.out").read_text()[-3000:]
+    epochs = [m for m in map(json.loads, (job_dir / "metrics.jsonl").read_text().splitlines()) if m["event"] == "epoch"]
+    assert [m["epoch"] for m in epochs] == [0, 1, 2] and epochs[-1]["val_acc"] > 0.6, epochs  # chance 0.2
+    # tabulate (the program's own requirement) printed the final table.
+    assert "epoch    loss    val_acc" in (job_dir / "nodes/n1/torchrun.log").read_text()
+    assert json.loads(dglkit("report", "--job-dir", job_dir).stdout.splitlines()[-1])["epochs"] == 3
+    assert (job_dir / "curves.png").stat().st_size > 0
+    assert_job_gone(job_dir, ports, shm_before)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_crashing_program_fails_the_job_with_its_traceback(partition_1, program_site, tmp_path):
+    job_dir = tmp_path / "job"
+    shm_before = set(os.listdir("/dev/shm"))
+    launch_proc, ports = start_program(job_dir, partition_1, program_site, "--grace", 5,
+                                       command=COMMAND + " --crash_rank 1 --crash_epoch 1")
+    wait_for_text(launch_proc, job_dir / "nodes/n1/torchrun.log", "Epoch 00000")
+    # Epoch 1 raises a step or two later: the job fails within seconds, not in DGL's exit.
+    assert launch_proc.wait(timeout=60) == 1, (job_dir / "launch.out").read_text()[-3000:]
+    failed = json.loads((job_dir / "FAILED").read_text())
+    assert failed["process"] in ("trainer-0", "trainer-1") and failed["log"].endswith("torchrun.log"), failed
+    # torchrun's report is cut off; the trainer's exception is there (followed by its peer's, in a 1-node job).
+    assert "RuntimeError: injected crash on rank 1 in epoch 1" in failed["log_tail"], failed["log_tail"]
+    assert_job_gone(job_dir, ports, shm_before)
