@@ -144,10 +144,13 @@ BAD_ADDRESSES = {
 
 
 def ip_config_runs(root: Path, inventories: list[tuple[list[str], list[str], dict]]) -> list[Run]:
-    """--tags ip_config for each (storage, workers, hostvars) in turn, in one workspace: a resize."""
+    """--tags ip_config for each (storage, workers, hostvars) in turn, in one workspace: a resize. The hosts
+    share this machine's filesystem, so the workspace is an "existing" shared one (an NFS client would refuse
+    to mount over the ip_config.txt of the run before)."""
     runs = []
     for storage, workers, hostvars in inventories:
-        runs.append(site(make_inventory(root, storage, workers, hostvars), "--tags", "ip_config"))
+        runs.append(site(make_inventory(root, storage, workers, hostvars, dglkit_shared_fs="existing"),
+                         "--tags", "ip_config"))
         runs[-1].diffs = (root / "ws/ip_config.txt").read_text().splitlines() if runs[-1].returncode == 0 else []
     return runs
 
