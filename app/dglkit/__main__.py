@@ -20,7 +20,7 @@ COMMANDS = {
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(prog="dglkit", description=__doc__)
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    commands = parser.add_subparsers(dest="subcommand", required=True, metavar="COMMAND")
     chosen = argv[0] if argv and argv[0] in COMMANDS else None
     for name, (module_name, help_text) in COMMANDS.items():
         sub = commands.add_parser(name, help=help_text, description=help_text)
@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.run(args)
     except UserError as error:
-        print(f"dglkit {args.command}: error: {error}", file=sys.stderr)
+        print(f"dglkit {args.subcommand}: error: {error}", file=sys.stderr)
         return 2
 
 

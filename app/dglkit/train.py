@@ -289,7 +289,7 @@ def open_metrics(args: argparse.Namespace, world: int):
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     metrics = (out_dir / "metrics.jsonl").open("w")
-    options = {key: value for key, value in vars(args).items() if key not in ("command", "run")}
+    options = {key: value for key, value in vars(args).items() if key not in ("subcommand", "run")}
     write_event(metrics, {"event": "start", **options, "num_trainers": world})
     return metrics
 
