@@ -525,12 +525,16 @@ class Launcher:
         return False
 
     def failed_trainer(self, code: int) -> tuple[str, int, Path]:
-        """torchrun's error report names the first rank that failed: report that trainer and its log."""
+        """The trainer to blame from torchrun's error report: one killed by a signal if any (the ranks that lost it
+        as a peer exit with an error of their own, sometimes first), else torchrun's root cause."""
         report = self.logs["trainers"].read_text(errors="replace")
-        found = re.search(r"Root Cause.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", report, re.S)
-        if not found:
+        failures = [(int(rank), int(exit_code)) for rank, exit_code in
+                    re.findall(r"rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", report, re.S)]
+        if not failures:
             return "trainers", code, self.logs["trainers"]
-        rank, code = int(found.group(1)), int(found.group(2))
+        root = re.search(r"Root Cause.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", report, re.S)
+        killed = [failure for failure in failures if failure[1] < 0]
+        rank, code = killed[0] if killed else (int(root.group(1)), int(root.group(2))) if root else failures[0]
         log = self.node_dir / f"trainer-{rank}.log"
         return f"trainer-{rank}", code, log if log.exists() else self.logs["trainers"]
 
