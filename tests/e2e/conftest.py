@@ -37,7 +37,7 @@ RECAP_RE = re.compile(r"^(\S+)\s+:\s+((?:\w+=\d+\s*)+)$", re.M)
 
 
 # Per test, its share of module fixtures included (a cluster and site.yml take minutes under load).
-E2E_TIMEOUT = 1800
+E2E_TIMEOUT = 1200
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
