@@ -529,7 +529,7 @@ class Launcher:
         as a peer exit with an error of their own, sometimes first), else torchrun's root cause."""
         report = self.logs["trainers"].read_text(errors="replace")
         failures = [(int(rank), int(exit_code)) for rank, exit_code in
-                    re.findall(r"rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", report, re.S)]
+                    re.findall(r"^\s*rank\s*:\s*(\d+).*?^\s*exitcode\s*:\s*(-?\d+)", report, re.S | re.M)]
         if not failures:
             return "trainers", code, self.logs["trainers"]
         root = re.search(r"Root Cause.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", report, re.S)
