@@ -87,7 +87,8 @@ def test_root_on_a_client_is_not_root_on_the_export(lab: dict, first_run: dict) 
                        f"cp /usr/bin/id {WORKSPACE}/suid-id && chmod 4755 {WORKSPACE}/suid-id")
     try:
         for host in CLIENTS:
-            made = f"{WORKSPACE}/made-by-root-on-{host}"
+            # The job account's directory: squashed root writes as that account (the workspace root is root's).
+            made = f"{WORKSPACE}/jobs/made-by-root-on-{host}"
             vmlab.ssh(host, f"touch {made}")
             # root_squash: root's new file belongs to the job account, and root cannot give it back to root.
             assert vmlab.ssh(STORAGE, f"stat -c %u:%g {made}").stdout.strip() == f"{ACCOUNT_UID}:{ACCOUNT_UID}", host
@@ -102,7 +103,7 @@ def test_root_on_a_client_is_not_root_on_the_export(lab: dict, first_run: dict) 
             assert euid == str(ACCOUNT_UID), (host, euid)
         assert vmlab.ssh(STORAGE, f"cat {WORKSPACE}/app/mod.py").stdout == "x\n"
     finally:
-        vmlab.ssh(STORAGE, f"rm -rf {WORKSPACE}/venv {WORKSPACE}/app {WORKSPACE}/suid-id {WORKSPACE}/made-by-root-on-*")
+        vmlab.ssh(STORAGE, f"rm -rf {WORKSPACE}/venv {WORKSPACE}/app {WORKSPACE}/suid-id {WORKSPACE}/jobs/made-by-root-on-*")
 
 
 def test_a_non_empty_mount_point_is_refused_before_any_change(inventory: Path, first_run: dict, tmp_path: Path) -> None:
@@ -121,7 +122,8 @@ def test_a_non_empty_mount_point_is_refused_before_any_change(inventory: Path, f
 def test_a_file_written_on_each_client_is_seen_everywhere(lab: dict, first_run: dict) -> None:
     for writer, other in (CLIENTS, CLIENTS[::-1]):
         token = uuid.uuid4().hex
-        path = f"{WORKSPACE}/vmtest-{writer}-{token}"
+        # Root on a client is the job account on the export: it writes where the account may.
+        path = f"{WORKSPACE}/jobs/vmtest-{writer}-{token}"
         vmlab.ssh(writer, f"echo {token} > {path}")
         for reader in (STORAGE, other):
             assert vmlab.ssh(reader, f"cat {path}").stdout.strip() == token, f"{reader} reading {writer}'s file"
