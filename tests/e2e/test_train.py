@@ -37,28 +37,6 @@ ENDLESS = ["-e", "dgl_job_synthetic_nodes=20000", "-e", "dgl_job_epochs=1000", "
            "-e", "dgl_job_poll_seconds=5", "-e", "dgl_job_force=true"]
 # The job account's default uid: the owner of everything a job writes.
 ACCOUNT_UID = 30050
-# One host-side look for leftovers of a job: processes, listening DGL/rendezvous ports, /dev/shm, the unit.
-LEFTOVERS = r"""
-import json, os, subprocess
-procs = []
-for pid in filter(str.isdigit, os.listdir('/proc')):
-    try:
-        cmd = open('/proc/%s/cmdline' % pid, 'rb').read().replace(b'\0', b' ').decode()
-    except OSError:
-        continue
-    if 'dglkit' in cmd and pid != str(os.getpid()):
-        procs.append(cmd[:120])
-ports = set()
-for table in ('/proc/net/tcp', '/proc/net/tcp6'):
-    for line in open(table).read().splitlines()[1:]:
-        fields = line.split()
-        if fields[3] == '0A':
-            ports.add(int(fields[1].rsplit(':', 1)[1], 16))
-unit = subprocess.run(['systemctl', 'is-active', 'dglkit-job'], capture_output=True, text=True).stdout.strip()
-print(json.dumps({'procs': procs, 'ports': sorted(ports & {29500, 30050}), 'shm': os.listdir('/dev/shm'), 'unit': unit}))
-"""
-
-
 # Tries TCP connections to "ip:port" arguments at once; prints {"ip:port": "open" | "refused" | "timeout"}.
 PROBE = r"""
 import json, socket, sys
@@ -130,9 +108,7 @@ def workers(cluster: Cluster) -> list[str]:
 
 def assert_clean(cluster: Cluster) -> None:
     for host in cluster.hosts():
-        script = base64.b64encode(LEFTOVERS.encode()).decode()
-        left = json.loads(cluster.ssh(host, f"python3 -c 'import base64; exec(base64.b64decode(\"{script}\"))'").stdout)
-        assert left == {"procs": [], "ports": [], "shm": [], "unit": "inactive"}, (host, left)
+        assert cluster.leftovers(host) == {}, host
 
 
 def wait_for_epoch(cluster: Cluster, job_id: str, node: str, timeout: float = 600) -> dict:
