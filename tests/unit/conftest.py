@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from localjob import TRAIN_ARGS, start_local_job, stop_started_launchers
+from localjob import TRAIN_ARGS, build, start_local_job, stop_started_launchers
 
 APP = Path(__file__).resolve().parents[2] / "app"
 # Big enough for GraphSAGE to beat chance clearly in a few epochs, small enough to partition in a second.
@@ -27,13 +27,6 @@ def run_cli(*args: object, check: bool = True, timeout: float = 300) -> subproce
     if check and proc.returncode:
         raise AssertionError(f"dglkit {args} exited {proc.returncode}:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
     return proc
-
-
-def build(*args: object) -> None:
-    from dglkit.__main__ import main
-
-    code = main([str(arg) for arg in args])
-    assert code == 0, f"dglkit {args} exited {code}"
 
 
 def last_json(output: str) -> dict:

@@ -27,6 +27,15 @@ def free_ports(count: int) -> int:
     raise RuntimeError("no free port range found")
 
 
+
+def build(*args: object) -> None:
+    """The CLI in this process (a child would spend seconds importing dgl again); it must exit 0."""
+    from dglkit.__main__ import main
+
+    code = main([str(arg) for arg in args])
+    assert code == 0, f"dglkit {args} exited {code}"
+
+
 # Every launcher a test started, so that one a failed test left running is stopped before the next test.
 STARTED: list[subprocess.Popen] = []
 

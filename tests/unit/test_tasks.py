@@ -9,7 +9,7 @@ import dgl
 import numpy as np
 import pytest
 
-from conftest import build
+from localjob import build
 from localjob import start_local_job
 
 HETERO = ["--num-nodes", "3000", "--num-classes", "5", "--feat-dim", "16", "--train-frac", "0.3",
