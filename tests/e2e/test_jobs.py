@@ -43,6 +43,8 @@ SMALL_NODES, SMALL_CLASSES = 3000, 4
 @pytest.fixture(scope="module")
 def site(cluster_factory: Callable[..., Cluster]) -> Cluster:
     cluster = cluster_factory("jobs", 3, cluster_network=True)
+    # The mesh is opt-in: the resize test checks that the old nodes trust a new one over the cluster network.
+    (cluster.inventory / "group_vars/all/mesh.yml").write_text("dglkit_ssh_mesh: true\n")
     cluster.stand_up()
     return cluster
 

@@ -190,8 +190,9 @@ def test_a_mesh_key_is_useless_outside_the_cluster(cluster: Cluster, runs: dict[
            f"-o UserKnownHostsFile={cluster.dir / 'ssh/known_hosts'} -o ConnectTimeout=10")
     for host, address in cluster.hosts().items():
         proc = cluster.outsider(f"{ssh} {USER}@{address} hostname")
-        # sshd answers (the outsider is on the network) but refuses the key from its address.
-        assert proc.returncode == 255 and "Permission denied (publickey)" in proc.stderr, (host, proc.stderr)
+        # sshd answers (the outsider is on the network) but refuses the key from its address. The methods it
+        # still offers after publickey depend on the host's sshd_config (Debian's default adds password).
+        assert proc.returncode == 255 and "Permission denied (publickey" in proc.stderr, (host, proc.stderr)
 
 
 def test_ip_config_matches_the_inventory(cluster: Cluster, runs: dict[str, PlaybookRun]) -> None:
