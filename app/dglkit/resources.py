@@ -13,15 +13,24 @@ from dglkit.common import UserError
 GB = 2**30
 # Python with torch and dgl imported.
 BASE = 0.6 * GB
-# Peak bytes per directed edge of the graph (features aside).
-PER_EDGE = {"prepare": 20, "lean": 60, "dgl": 215}
-# Times the feature matrix is held at once (prepare draws it and adds the class centres in place).
-FEATURE_COPIES = {"prepare": 2, "lean": 1.2, "dgl": 2}
+# Peak bytes per directed edge of the graph (features aside). "assign" and "part" are the steps of
+# `partition --builder distributed`: METIS on the structure on one host, one part per worker.
+PER_EDGE = {"prepare": 20, "lean": 60, "dgl": 215, "assign": 60, "part": 30}
+# Times the node data (features, labels, masks) is held at once (prepare draws the features and adds the
+# class centres in place).
+FEATURE_COPIES = {"prepare": 2, "lean": 1.2, "dgl": 2, "assign": 1, "part": 1.2}
+# Parts are balanced to within 3% in nodes (BENCHMARKS.md): a part's share of the nodes, with room.
+PART_SHARE = 1.1
 
 
-def memory_estimate(stage: str, num_nodes: int, num_edges: int, feat_dim: int) -> int:
-    """Peak bytes of `prepare` (stage "prepare") or `partition --builder lean|dgl`."""
+def memory_estimate(stage: str, num_nodes: int, num_edges: int, feat_dim: int, num_parts: int = 1) -> int:
+    """Peak bytes of `prepare` (stage "prepare"), `partition --builder lean|dgl`, or a step of
+    `partition --builder distributed`: "assign" (the storage host) and "part" (each worker, for num_parts)."""
     node_bytes = num_nodes * (4 * feat_dim + 11)  # float32 features, int64 labels, three masks
+    if stage == "assign":  # no node data: vertex weights and METIS' own arrays
+        node_bytes = 40 * num_nodes
+    elif stage == "part":  # this part's rows only, and the node ID maps
+        node_bytes = node_bytes * min(1.0, PART_SHARE / num_parts) + 40 * num_nodes
     return int(BASE + PER_EDGE[stage] * num_edges + FEATURE_COPIES[stage] * node_bytes)
 
 
