@@ -47,7 +47,9 @@ def host_memory() -> tuple[int, str]:
 
 
 def cgroup_memory() -> list[tuple[int, int]]:
-    """(limit, usage) of every memory cgroup above this process that has a limit (cgroup v2 and v1)."""
+    """(limit, usage) of every memory cgroup above this process that has a limit (cgroup v2 and v1). Usage is
+    the working set, as container runtimes count it: without the inactive file cache, which the kernel
+    reclaims before it refuses memory (a read of the dataset would otherwise look like memory in use)."""
     found = []
     try:
         lines = Path("/proc/self/cgroup").read_text().splitlines()
@@ -56,12 +58,12 @@ def cgroup_memory() -> list[tuple[int, int]]:
     for line in lines:
         _, controllers, path = line.split(":", 2)
         if controllers == "":
-            root, limit_file, usage_file = Path("/sys/fs/cgroup"), "memory.max", "memory.current"
+            root, limit_file, usage_file, cache = Path("/sys/fs/cgroup"), "memory.max", "memory.current", "inactive_file"
             if not (root / "cgroup.controllers").is_file():
                 root = Path("/sys/fs/cgroup/unified")
         elif "memory" in controllers.split(","):
             root = Path("/sys/fs/cgroup/memory")
-            limit_file, usage_file = "memory.limit_in_bytes", "memory.usage_in_bytes"
+            limit_file, usage_file, cache = "memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file"
         else:
             continue
         directory = root / path.lstrip("/")
@@ -69,10 +71,11 @@ def cgroup_memory() -> list[tuple[int, int]]:
             try:
                 limit = (directory / limit_file).read_text().strip()
                 usage = int((directory / usage_file).read_text())
+                stat = dict(line.split() for line in (directory / "memory.stat").read_text().splitlines())
             except (OSError, ValueError):
                 limit = "max"
             if limit != "max" and int(limit) < 2**60:
-                found.append((int(limit), usage))
+                found.append((int(limit), max(usage - int(stat.get(cache, 0)), 0)))
             if directory == root:
                 break
             directory = directory.parent
