@@ -24,7 +24,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -182,15 +182,16 @@ def build(graph_file: Path, assignment: np.ndarray, out: Path, graph_name: str,
     ndata = {name: tensor.numpy() for name, tensor in graph.ndata.items()}
     del graph
     layout = Layout.of(assignment, dst, num_parts)
-    parts = [build_part(out, p, layout, src, dst, ndata) for p in range(num_parts)]
+    parts = [build_part(out, p, layout, src, dst, lambda owned: {name: array[owned] for name, array in ndata.items()})
+             for p in range(num_parts)]
     return finish(out, layout, src, graph_name, part_method, parts)
 
 
 def build_part(out: Path, p: int, layout: Layout, src: np.ndarray, dst: np.ndarray,
-               ndata: dict[str, np.ndarray]) -> dict[str, int]:
+               node_rows: Callable[[np.ndarray], dict[str, np.ndarray]]) -> dict[str, int]:
     """Write part p (owned nodes, their in-edges and, as partition_graph does for one hop, the owned nodes'
-    edges into halo nodes, marked not inner) and return its counts. Only the part's rows of `ndata` (arrays
-    or memory maps) are read."""
+    edges into halo nodes, marked not inner) and return its counts. node_rows(owned) gives every node data's
+    rows of the owned nodes (sorted original IDs)."""
     num_nodes = len(layout.part)
     inner_eids = np.flatnonzero(layout.dst_part == p)
     owned = layout.orig_nids[layout.node_starts[p]:layout.node_starts[p + 1]]
@@ -199,8 +200,9 @@ def build_part(out: Path, p: int, layout: Layout, src: np.ndarray, dst: np.ndarr
     member[src[inner_eids]] = True  # one hop: the sources of the owned nodes' in-edges
     halo = np.sort(layout.new_nids[np.flatnonzero(member & (layout.part != p))])
     outer_eids = np.flatnonzero((layout.dst_part != p) & member[dst] & (layout.part[src] == p))
-    write_part(out / f"part{p}", p, owned, halo, inner_eids, outer_eids, src, dst, layout, ndata)
-    train = ndata["train_mask"][owned] if "train_mask" in ndata else ()
+    rows = node_rows(owned)
+    write_part(out / f"part{p}", p, owned, halo, inner_eids, outer_eids, src, dst, layout, rows)
+    train = rows.get("train_mask", ())
     return {"part": p, "nodes": len(owned), "edges": len(inner_eids), "train_nodes": int(np.count_nonzero(train)),
             "halo_nodes": len(halo)}
 
@@ -235,8 +237,9 @@ def finish(out: Path, layout: Layout, src: np.ndarray, graph_name: str, part_met
 
 def write_part(part_dir: Path, p: int, owned: np.ndarray, halo: np.ndarray, inner_eids: np.ndarray,
                outer_eids: np.ndarray, src: np.ndarray, dst: np.ndarray, layout: Layout,
-               ndata: dict[str, np.ndarray]) -> None:
-    """One part's graph.dgl, node_feat.dgl and (empty) edge_feat.dgl. `halo` holds new node IDs."""
+               rows: dict[str, np.ndarray]) -> None:
+    """One part's graph.dgl, node_feat.dgl (`rows`: the owned nodes' node data) and (empty) edge_feat.dgl.
+    `halo` holds new node IDs."""
     import dgl
     import torch
     from dgl.data.utils import save_tensors
@@ -272,8 +275,7 @@ def write_part(part_dir: Path, p: int, owned: np.ndarray, halo: np.ndarray, inne
         np.concatenate([np.ones(len(inner_eids), np.uint8), np.zeros(len(outer_eids), np.uint8)]))
     dgl.save_graphs(str(part_dir / "graph.dgl"), [graph])
     del graph
-    save_tensors(str(part_dir / "node_feat.dgl"),
-                 {f"_N/{name}": torch.from_numpy(np.asarray(array[owned])) for name, array in ndata.items()})
+    save_tensors(str(part_dir / "node_feat.dgl"), {f"_N/{name}": torch.from_numpy(array) for name, array in rows.items()})
     save_tensors(str(part_dir / "edge_feat.dgl"), {})
 
 

@@ -158,6 +158,28 @@ def dataset_array(dataset_dir: Path, dataset: dict[str, Any], name: str) -> np.n
     return np.load(dataset_dir / dataset["arrays"]["dir"] / f"{name}.npy", mmap_mode="r")
 
 
+def read_rows(path: Path, rows: np.ndarray, block_bytes: int = 64 * 2**20) -> np.ndarray:
+    """Rows `rows` (sorted) of an .npy array, read a block at a time: only they and one block are in this
+    process's memory (a memory map would map in nearly every page of the file, its neighbours' rows too)."""
+    header = np.load(path, mmap_mode="r")
+    row_shape, dtype, offset = header.shape[1:], header.dtype, header.offset
+    row_items = int(np.prod(row_shape, dtype=np.int64))
+    del header
+    out = np.empty((len(rows), *row_shape), dtype)
+    per_block = max(block_bytes // max(row_items * dtype.itemsize, 1), 1)
+    with open(path, "rb") as f:
+        done = 0
+        while done < len(rows):
+            first = rows[done]
+            count = int(np.searchsorted(rows, first + per_block, side="left")) - done
+            last = rows[done + count - 1]
+            f.seek(offset + int(first) * row_items * dtype.itemsize)
+            block = np.fromfile(f, dtype, count=(int(last - first) + 1) * row_items).reshape(-1, *row_shape)
+            out[done:done + count] = block[rows[done:done + count] - first]
+            done += count
+    return out
+
+
 def distributed_assign(args: argparse.Namespace, dataset: dict[str, Any], out: Path, manifest: dict[str, Any],
                        timings: dict[str, float]) -> None:
     """--step assign: the METIS assignment from the structure (and training mask) alone."""
@@ -194,10 +216,10 @@ def distributed_step(args: argparse.Namespace, dataset: dict[str, Any], out: Pat
                    memory_estimate("part", *sizes), dataset["graph_bytes"] * 2 // args.num_parts, out,
                    args.memory_gb, ways_out="workers with more memory, or more of them (more, smaller parts)")
         shutil.rmtree(out / f"part{args.part}", ignore_errors=True)  # an earlier attempt's
-        ndata = {name: dataset_array(args.dataset_dir, dataset, f"node_{name}")
-                 for name in dataset["arrays"]["node_data"]}
+        arrays = args.dataset_dir / dataset["arrays"]["dir"]
         layout = leanpart.Layout.of(np.load(out / ASSIGNMENT), dst, args.num_parts)
-        counts = leanpart.build_part(out, args.part, layout, src, dst, ndata)
+        counts = leanpart.build_part(out, args.part, layout, src, dst, lambda owned: {
+            name: read_rows(arrays / f"node_{name}.npy", owned) for name in dataset["arrays"]["node_data"]})
         counts.update(host=socket.gethostname(), build_s=lap(start), peak_rss_mb=round(peak_rss_mb()))
         write_json(out / f"part{args.part}.counts.json", counts)
         emit_result({"changed": True, "out": str(out), "step": "part", **counts})
