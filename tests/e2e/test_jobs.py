@@ -2,7 +2,8 @@
 workers) whose nodes talk over a second network (`dglkit_cluster_address` differs from `ansible_host`):
 outputs in original node order across two partitions, samplers, the `files` and offline `ogbn-*` datasets
 through train.yml, `dgl_job_force`, fail-fast across nodes with the controller gone, the failure message,
-playbooks/preflight.yml and stop.yml's leftover report, and ip_config and host keys after a resize.
+playbooks/preflight.yml and stop.yml's leftover report, ip_config and host keys after a resize, and, last (it
+caps the storage host's memory), partitioning across the workers where the storage host cannot alone.
 
 The tests share the cluster and run in file order: each leaves every host clean for the next.
 """
