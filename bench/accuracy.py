@@ -133,15 +133,16 @@ def print_table(rows: list[dict]) -> None:
         print("no single-machine result")
         return
     base = {key: statistics.fmean(f[key] for f in by_workers[1]) for key in ("best_test_acc", "test_acc")}
-    print(f"{'workers':>7} {'n':>3} {'best-val model test acc':>25} {'final model test acc':>22} {'diff (best)':>12}")
+    print(f"{'workers':>7} {'n':>3} {'best-val model test acc':>25} {'final model test acc':>22} {'diff (best)':>12} "
+          f"{'diff (final)':>13}")
     for workers, found in sorted(by_workers.items()):
         cells = []
         for key in ("best_test_acc", "test_acc"):
             values = [f[key] for f in found]
             spread = statistics.stdev(values) if len(values) > 1 else 0.0
             cells.append(f"{100 * statistics.fmean(values):6.2f} ± {100 * spread:4.2f}")
-        diff = 100 * (statistics.fmean(f["best_test_acc"] for f in found) - base["best_test_acc"])
-        print(f"{workers:>7} {len(found):>3} {cells[0]:>25} {cells[1]:>22} {diff:>+11.2f}")
+        diffs = [100 * (statistics.fmean(f[key] for f in found) - base[key]) for key in ("best_test_acc", "test_acc")]
+        print(f"{workers:>7} {len(found):>3} {cells[0]:>25} {cells[1]:>22} {diffs[0]:>+12.2f} {diffs[1]:>+13.2f}")
 
 
 if __name__ == "__main__":
