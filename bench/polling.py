@@ -74,8 +74,8 @@ def main() -> None:
         (Path(tmp) / "inventory.yml").write_text(json.dumps({"all": {"children": {"storage": {"hosts": {
             "localhost": {"ansible_connection": "local", "ansible_python_interpreter": benchlib.PYTHON}}}}}}))
         (Path(tmp) / "poll.yml").write_text(PLAYBOOK)
-        extra = {"dgl_job_dir": str(job_dir), "dgl_job_nodes": nodes, "dgl_job_venv": str(benchlib.REPO / ".venv"),
-                 "dgl_job_storage_host": "localhost", "dgl_job_job_id": "bench", "dgl_job_poll_seconds": 0}
+        extra = {"__dgl_job_dir": str(job_dir), "__dgl_job_nodes": nodes, "dgl_job_venv": str(benchlib.REPO / ".venv"),
+                 "__dgl_job_storage_host": "localhost", "__dgl_job_job_id": "bench", "dgl_job_poll_seconds": 0}
         stop = threading.Event()
         writer = threading.Thread(target=fake_job, args=(job_dir, nodes, stop))
         writer.start()
