@@ -35,7 +35,7 @@ setup: $(CACHE)/.deps  ## wheelhouse, test-host root, local apt repository, then
 	$(MAKE) --no-print-directory $(VENV)/.complete
 
 test: setup  ## the whole suite: unit, kit, multi-host end-to-end, VM tier
-	$(VENV)/bin/pytest tests/unit tests/kit tests/e2e tests/vm
+	$(VENV)/bin/pytest --durations=40 tests/unit tests/kit tests/e2e tests/vm
 
 test-unit: setup
 	$(VENV)/bin/pytest tests/unit tests/kit

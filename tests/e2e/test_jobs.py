@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from conftest import Cluster, PlaybookRun
 
 WORKSPACE = "/srv/dglkit"
+PORT = 30150  # dglkit_server_port of this module's cluster
 # Fail-fast means fail-fast: no restart may hide the failure (the longjobs branch adds restarts).
 NO_RESTARTS = ["-e", "dgl_job_max_restarts=0"]
 JOB = ["-e", "dgl_job_synthetic_nodes=20000", "-e", "dgl_job_epochs=3", "-e", "dgl_job_batch_size=100"]
@@ -44,7 +45,8 @@ SMALL_NODES, SMALL_CLASSES = 3000, 4
 def site(cluster_factory: Callable[..., Cluster]) -> Cluster:
     cluster = cluster_factory("jobs", 3, cluster_network=True)
     # The mesh is opt-in: the resize test checks that the old nodes trust a new one over the cluster network.
-    (cluster.inventory / "group_vars/all/mesh.yml").write_text("dglkit_ssh_mesh: true\n")
+    # A server port other than the default: ip_config.txt, the firewall and the job must all follow it.
+    (cluster.inventory / "group_vars/all/jobs.yml").write_text(f"dglkit_ssh_mesh: true\ndglkit_server_port: {PORT}\n")
     cluster.stand_up()
     return cluster
 
@@ -88,7 +90,7 @@ def workers(cluster: Cluster) -> list[str]:
 def ip_config_of_workers(cluster: Cluster) -> list[str]:
     """ip_config.txt as site.yml must render it: the workers' cluster addresses, in inventory order."""
     addresses = cluster.cluster_addresses()
-    return [f"{addresses[host]} 30050" for host in workers(cluster)]
+    return [f"{addresses[host]} {PORT}" for host in workers(cluster)]
 
 
 def assert_clean(cluster: Cluster) -> None:
@@ -240,8 +242,8 @@ def fail_without_controller(site: Cluster, runs: Path, job_id: str, node: str, p
             preflight.output[-4000:]
     # DGL's servers listen on the cluster network (the second one), nowhere else.
     for host in workers(site):
-        listening = site.ssh(host, "ss -Hltn 'sport = :30050'").stdout.split()
-        assert f"{site.cluster_addresses()[host]}:30050" in listening, (host, listening)
+        listening = site.ssh(host, f"ss -Hltn 'sport = :{PORT}'").stdout.split()
+        assert f"{site.cluster_addresses()[host]}:{PORT}" in listening, (host, listening)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.communicate()
     started = {p["name"]: p["pid"] for p in status(site, job_id, node)["processes"]}
@@ -292,14 +294,14 @@ def test_the_failure_message_names_node_process_and_the_end_of_its_log(site: Clu
 
 def test_preflight_names_a_busy_port(site: Cluster) -> None:
     address = site.cluster_addresses()["node2"]
-    site.ssh("node2", f"systemd-run --unit=clm-busy-port python3 -m http.server 30050 --bind {address}")
+    site.ssh("node2", f"systemd-run --unit=clm-busy-port python3 -m http.server {PORT} --bind {address}")
     try:
-        site.ssh("node2", "for i in $(seq 50); do ss -ltn | grep -q ':30050 ' && exit 0; sleep 0.2; done; exit 1")
+        site.ssh("node2", f"for i in $(seq 50); do ss -ltn | grep -q ':{PORT} ' && exit 0; sleep 0.2; done; exit 1")
         run = site.playbook("playbooks/preflight.yml", check=False)
     finally:
         site.ssh("node2", "systemctl stop clm-busy-port")
-    assert run.failed_hosts() == ["node2"], run.recap
-    assert f"node2: port(s) 30050 on {address} in use" in flat(run.output), run.output[-3000:]
+    assert run.failed_hosts() == ["node2"], f"{run.recap}\n{run.output[-3000:]}"
+    assert f"node2: port(s) {PORT} on {address} in use" in flat(run.output), run.output[-3000:]
 
 
 def test_preflight_names_a_workspace_that_is_not_shared(site: Cluster) -> None:
@@ -310,9 +312,23 @@ def test_preflight_names_a_workspace_that_is_not_shared(site: Cluster) -> None:
         run = site.playbook("playbooks/preflight.yml", check=False)
     finally:
         site.ssh("node3", f"umount {WORKSPACE}/ip_config.txt")
-    assert run.failed_hosts() == ["node3"], run.recap
+    assert run.failed_hosts() == ["node3"], f"{run.recap}\n{run.output[-3000:]}"
     assert (f"node3: {WORKSPACE}/ip_config.txt differs from the copy on the storage host: the workspace is not "
             "shared; run site.yml") in flat(run.output), run.output[-3000:]
+
+
+def test_site_refuses_a_workspace_that_is_not_shared_before_any_change(site: Cluster) -> None:
+    # dglkit_shared_fs: existing (every e2e cluster): the user's filesystem must really be shared. node3's own
+    # empty directory in its place is what a forgotten mount gives.
+    site.ssh("node3", f"mount -t tmpfs tmpfs {WORKSPACE}")
+    try:
+        run = site.playbook("site.yml", check=False)
+    finally:
+        site.ssh("node3", f"umount {WORKSPACE}")
+    assert run.returncode != 0
+    assert (f"node3 does not see the marker {WORKSPACE}/.dglkit-workspace that node1 wrote: {WORKSPACE} on node3 "
+            "is not the shared filesystem") in run.flat(), run.output[-3000:]
+    assert run.changed_hosts() == [], run.recap
 
 
 def test_stop_reports_what_a_job_left(site: Cluster) -> None:
@@ -322,7 +338,7 @@ def test_stop_reports_what_a_job_left(site: Cluster) -> None:
         run = site.playbook("playbooks/stop.yml", check=False)
     finally:
         site.ssh("node3", f"rm -f '{leftover}'")
-    assert run.failed_hosts() == ["node3"], run.recap
+    assert run.failed_hosts() == ["node3"], f"{run.recap}\n{run.output[-3000:]}"
     assert f"node3: the stopped job left /dev/shm files {leftover}" in flat(run.output), run.output[-3000:]
 
 

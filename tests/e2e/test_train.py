@@ -427,4 +427,4 @@ def test_a_worker_host_that_stays_down_fails_the_job_naming_it(site: Cluster, ru
     output = finish(proc, timeout=300)
     print(f"train.yml ended {time.time() - gone:.0f} s after node3 went down")
     assert proc.returncode != 0, output[-4000:]
-    assert re.search(r"failed: .*node3 did not come back within 15 s; attempt 2 of at most 2", flat(output)), output[-4000:]
+    assert re.search(r"job e2e-down failed on node3: .*node3 did not come back within 15 s \(attempt 2 of at most 2;", flat(output)), output[-4000:]

@@ -131,6 +131,23 @@ def test_killed_process_stops_the_job_and_leaves_nothing(victim, partition_1, tm
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
+def test_a_signalled_launcher_stops_its_job_and_exits_128_plus_the_signal(partition_1, tmp_path):
+    """What systemd's stop of the job unit does to a launcher: an orderly stop, no FAILED, exit 143."""
+    job_dir = tmp_path / "job"
+    shm_before = set(os.listdir("/dev/shm"))
+    launch, ports = start_local_job(job_dir, partition_1, "n1", "--grace", 5, train_args=ENDLESS_TRAIN_ARGS)
+    wait_for_first_epoch(launch, job_dir / "nodes/n1/trainer-0.log")
+    launch.send_signal(signal.SIGTERM)
+
+    assert launch.wait(timeout=60) == 128 + signal.SIGTERM
+    assert not (job_dir / "FAILED").exists()
+    status = json.loads((job_dir / "nodes/n1/status.json").read_text())
+    assert status["state"] == "stopped" and "SIGTERM" in status["reason"], status
+    assert_job_gone(job_dir, ports, shm_before)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
 def test_stalled_trainer_stops_the_job(partition_1, tmp_path):
     """A frozen trainer (SIGSTOP) blocks its peer in all-reduce forever: only the stall detector ends that."""
     job_dir = tmp_path / "job"
