@@ -5,13 +5,15 @@ or the user's own arrays; heterogeneous graphs (synthetic-hetero, ogbn-mag, file
 described in dglkit.hetero. The output is DIR/graph.dgl (ndata feat float32, labels int64, train_mask,
 val_mask, test_mask bool, which DGL's file format stores and loads as 0/1 uint8) and DIR/dataset.json,
 whose fingerprint identifies the inputs: a re-run with the same inputs is a no-op, and `dglkit partition`
-records it to tell whether a partition is still current.
+records it to tell whether a partition is still current. With --arrays, DIR/arrays/ holds the same graph as
+.npy files that `partition --builder distributed` memory-maps and reads in part.
 """
 
 import argparse
 import csv
 import importlib.util
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -26,6 +28,7 @@ from dglkit.resources import MEMORY_HELP, check_fits, memory_estimate
 # Bump when the same inputs would give a different graph, so that old outputs are rebuilt.
 FORMAT = 2
 MASKS = ("train_mask", "val_mask", "test_mask")
+ARRAYS = "arrays"
 # Class centres are scaled so that features alone separate classes only weakly: a model has to
 # aggregate neighbours (the graph is homophilous) to do well.
 FEATURE_SIGNAL = 1.5
@@ -64,6 +67,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--add-reverse-edges", action="store_true",
                         help="files and ogbn-*: make the graph symmetric (the synthetic graph always is)")
     parser.add_argument("--memory-gb", type=float, help=MEMORY_HELP)
+    parser.add_argument("--arrays", action="store_true",
+                        help="also write the structure and node data as .npy files in DIR/arrays/, which "
+                             "`partition --builder distributed` reads in part on each host (homogeneous graphs)")
     links = parser.add_argument_group("link prediction: edges held out of the graph (homogeneous graphs)")
     links.add_argument("--val-edges-frac", type=float, default=0.0,
                        help="fraction of node pairs removed from the graph and kept for validation (%(default)s)")
@@ -82,13 +88,14 @@ def run(args: argparse.Namespace) -> int:
     graph_path, meta_path = out / "graph.dgl", out / "dataset.json"
     old = read_json(meta_path)
     if (old and old.get("fingerprint") == fingerprint and graph_path.is_file()
-            and graph_path.stat().st_size == old.get("graph_bytes")):
+            and graph_path.stat().st_size == old.get("graph_bytes") and (old.get("arrays") or not args.arrays)):
         emit_result({"changed": False, "out": str(out), **summary(old)})
         return 0
 
     estimate = prepare_estimate(source, params, inputs)
     if estimate:
-        check_fits(*estimate, out,
+        what, need_memory, need_disk = estimate
+        check_fits(what, need_memory, need_disk * (2 if args.arrays else 1), out,
                    args.memory_gb, ways_out="prepare on a storage host with more memory (the inventory's storage "
                    "group), or prepare the dataset elsewhere and give it as --dataset files")
     start = time.perf_counter()
@@ -104,6 +111,8 @@ def run(args: argparse.Namespace) -> int:
     if "train_mask" not in arrays:
         arrays.update(split_masks(arrays["labels"], params["split"], np.random.default_rng(args.seed)))
     category = arrays.get("category")
+    if category and args.arrays:
+        raise UserError("--arrays (for `partition --builder distributed`) works on homogeneous graphs only")
     graph = hetero.make_graph(arrays) if category else make_graph(
         arrays, reverse=source != "synthetic" and args.add_reverse_edges)
     del arrays
@@ -119,7 +128,10 @@ def run(args: argparse.Namespace) -> int:
     tmp = out / "graph.dgl.tmp"
     dgl.save_graphs(str(tmp), [graph])
     meta_path.unlink(missing_ok=True)  # never an old fingerprint next to a new graph, even after a crash
+    shutil.rmtree(out / ARRAYS, ignore_errors=True)
     os.replace(tmp, graph_path)
+    if args.arrays:
+        write_arrays(graph, out / ARRAYS)
     meta = {
         "source": args.dataset, "parameters": params, "inputs": inputs, "fingerprint": fingerprint,
         **(hetero.describe(graph, category) if category else {
@@ -130,11 +142,26 @@ def run(args: argparse.Namespace) -> int:
                                "test": len(held_out["test_src"]), "reverse_edges": "second half"}}
            if held_out else {}),
         "graph_file": graph_path.name, "graph_bytes": graph_path.stat().st_size,
+        **({"arrays": {"dir": ARRAYS, "node_data": list(graph.ndata)}} if args.arrays else {}),
         "seconds": round(time.perf_counter() - start, 2), "peak_rss_mb": round(peak_rss_mb()),
     }
     write_json(meta_path, meta)
     emit_result({"changed": True, "out": str(out), **summary(meta)})
     return 0
+
+
+def write_arrays(graph, directory: Path) -> None:
+    """src.npy, dst.npy and node_<name>.npy per node data, with the dtypes graph.dgl loads as (masks as 0/1
+    uint8), so that a part built from them equals one built from graph.dgl."""
+    tmp = directory.with_name(directory.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    for name, ids in zip(("src", "dst"), graph.edges()):
+        np.save(tmp / f"{name}.npy", ids.numpy())
+    for name, tensor in graph.ndata.items():
+        array = tensor.numpy()
+        np.save(tmp / f"node_{name}.npy", array.astype(np.uint8) if array.dtype == bool else array)
+    os.replace(tmp, directory)
 
 
 def prepare_estimate(source: str, params: dict[str, Any], inputs: dict[str, Any]) -> tuple[str, int, int] | None:

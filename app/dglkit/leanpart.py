@@ -11,6 +11,10 @@ every part with its halo in memory at once (about 215 bytes per edge). Here:
    partition_graph does for one hop, the owned nodes' edges into halo nodes, marked not inner.
 The files are the ones partition_graph writes (graph.dgl with _ID/inner_node/part_id and _ID/inner_edge,
 node_feat.dgl, edge_feat.dgl, <graph>.json); DistGraph and dgl_partition_to_graphbolt read them unchanged.
+
+`--builder distributed` (dglkit.partition) runs the same steps on several hosts from a dataset's arrays/
+(memory maps): the assignment from the structure alone, then each part on a worker of its own, reading only
+its nodes' rows of the features, then the mappings and config: the same files as `build`.
 """
 
 import argparse
@@ -18,8 +22,9 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -85,22 +90,33 @@ def symmetric_graph(pairs: np.ndarray, num_nodes: int):
 
 
 def metis_assignment(graph_file: Path, num_parts: int, balance_train: bool, balance_edges: bool) -> np.ndarray:
-    """partition_graph's METIS call (same vertex weights, same options) on a compact symmetric graph."""
+    """partition_graph's METIS call on the graph of a graph.dgl file."""
+    import dgl
+
+    (graph,), _ = dgl.load_graphs(str(graph_file))
+    num_nodes = graph.num_nodes()
+    train = graph.ndata["train_mask"].numpy().astype(bool) if balance_train else None
+    edges = [ids.numpy() for ids in graph.edges()]
+    del graph
+    return metis_parts(edges, num_nodes, train, num_parts, balance_edges)
+
+
+def metis_parts(edges: list[np.ndarray], num_nodes: int, train: np.ndarray | None, num_parts: int,
+                balance_edges: bool) -> np.ndarray:
+    """partition_graph's METIS call (same vertex weights, same options) on a compact symmetric graph; `train`
+    (a mask) balances training nodes when given. `edges` is [src, dst]: emptied here, so that the caller's
+    copy does not outlive its use."""
     import dgl
     import torch
     from dgl.partition import _CAPI_DGLMetisPartition_Hetero
 
-    (graph,), _ = dgl.load_graphs(str(graph_file))
-    num_nodes = graph.num_nodes()
-    weights = []
-    if balance_train:
-        train = graph.ndata["train_mask"].numpy().astype(bool)
-        weights += [~train, train]
+    src, dst = edges
+    edges.clear()
+    weights = [] if train is None else [~train, train]
     if balance_edges:
-        weights.append(graph.in_degrees().numpy())
-    src, dst = (ids.numpy() for ids in graph.edges())
+        weights.append(np.bincount(dst, minlength=num_nodes))  # in-degrees
     vwgt = np.stack(weights, 1).astype(np.int64).reshape(-1) if weights else np.zeros(0, np.int64)
-    del graph, weights
+    del weights
     pairs = undirected_pairs(src, dst, num_nodes)
     del src, dst
     sym = symmetric_graph(pairs, num_nodes)
@@ -108,6 +124,10 @@ def metis_assignment(graph_file: Path, num_parts: int, balance_train: bool, bala
     parts = _CAPI_DGLMetisPartition_Hetero(sym._graph, num_parts, dgl.backend.to_dgl_nd(torch.from_numpy(vwgt)),
                                            "k-way", True)
     return dgl.backend.zerocopy_from_dgl_ndarray(parts).numpy()
+
+
+def random_parts(num_nodes: int, num_parts: int) -> np.ndarray:
+    return np.random.default_rng(0).integers(0, num_parts, num_nodes)
 
 
 def assign_main(argv: list[str]) -> int:
@@ -124,63 +144,91 @@ def assign_main(argv: list[str]) -> int:
     else:
         import dgl
 
-        num_nodes = dgl.load_graphs(str(args.graph))[0][0].num_nodes()
-        parts = np.random.default_rng(0).integers(0, args.num_parts, num_nodes)
+        parts = random_parts(dgl.load_graphs(str(args.graph))[0][0].num_nodes(), args.num_parts)
     np.save(args.out, parts.astype(np.int32))
     return 0
 
 
+@dataclass
+class Layout:
+    """Where every node and edge goes, from the assignment and the edges' destinations alone: parts own
+    contiguous ranges of new node IDs (original order within a part) and of new edge IDs (an edge belongs to
+    its destination's part)."""
+    part: np.ndarray  # original node ID -> part
+    orig_nids: np.ndarray  # new node ID -> original
+    new_nids: np.ndarray  # original node ID -> new
+    node_starts: np.ndarray
+    dst_part: np.ndarray  # edge -> part
+    edge_starts: np.ndarray
+
+    @classmethod
+    def of(cls, assignment: np.ndarray, dst: np.ndarray, num_parts: int) -> "Layout":
+        part = assignment.astype(np.int8 if num_parts < 128 else np.int32)
+        orig_nids = np.argsort(part, kind="stable")
+        new_nids = np.empty(len(part), np.int64)
+        new_nids[orig_nids] = np.arange(len(part))
+        dst_part = part[dst]
+        starts = [np.concatenate([[0], np.cumsum(np.bincount(ids, minlength=num_parts))]) for ids in (part, dst_part)]
+        return cls(part, orig_nids, new_nids, starts[0], dst_part, starts[1])
+
+
 def build(graph_file: Path, assignment: np.ndarray, out: Path, graph_name: str,
           num_parts: int, part_method: str) -> dict[str, Any]:
-    """Write the parts one at a time; return the manifest's counts and edge cut."""
+    """Write the parts one at a time on this host; return the manifest's counts and edge cut."""
     import dgl
 
     (graph,), _ = dgl.load_graphs(str(graph_file))
-    num_nodes, num_edges = graph.num_nodes(), graph.num_edges()
     src, dst = (ids.numpy() for ids in graph.edges())
-    ndata = {name: tensor for name, tensor in graph.ndata.items()}
+    ndata = {name: tensor.numpy() for name, tensor in graph.ndata.items()}
     del graph
+    layout = Layout.of(assignment, dst, num_parts)
+    parts = [build_part(out, p, layout, src, dst, lambda owned: {name: array[owned] for name, array in ndata.items()})
+             for p in range(num_parts)]
+    return finish(out, layout, src, graph_name, part_method, parts)
 
-    part = assignment.astype(np.int8 if num_parts < 128 else np.int32)
-    orig_nids = np.argsort(part, kind="stable")  # new node ID -> original; parts get contiguous ranges
-    new_nids = np.empty(num_nodes, np.int64)
-    new_nids[orig_nids] = np.arange(num_nodes)
-    node_counts = np.bincount(part, minlength=num_parts)
-    node_starts = np.concatenate([[0], np.cumsum(node_counts)])
-    dst_part = part[dst]  # an edge belongs to the part of its destination
-    edge_counts = np.bincount(dst_part, minlength=num_parts)
-    edge_starts = np.concatenate([[0], np.cumsum(edge_counts)])
-    train = ndata["train_mask"].numpy().astype(bool) if "train_mask" in ndata else np.zeros(num_nodes, bool)
 
+def build_part(out: Path, p: int, layout: Layout, src: np.ndarray, dst: np.ndarray,
+               node_rows: Callable[[np.ndarray], dict[str, np.ndarray]]) -> dict[str, int]:
+    """Write part p (owned nodes, their in-edges and, as partition_graph does for one hop, the owned nodes'
+    edges into halo nodes, marked not inner) and return its counts. node_rows(owned) gives every node data's
+    rows of the owned nodes (sorted original IDs)."""
+    num_nodes = len(layout.part)
+    inner_eids = np.flatnonzero(layout.dst_part == p)
+    owned = layout.orig_nids[layout.node_starts[p]:layout.node_starts[p + 1]]
+    member = np.zeros(num_nodes, bool)
+    member[owned] = True
+    member[src[inner_eids]] = True  # one hop: the sources of the owned nodes' in-edges
+    halo = np.sort(layout.new_nids[np.flatnonzero(member & (layout.part != p))])
+    outer_eids = np.flatnonzero((layout.dst_part != p) & member[dst] & (layout.part[src] == p))
+    rows = node_rows(owned)
+    write_part(out / f"part{p}", p, owned, halo, inner_eids, outer_eids, src, dst, layout, rows)
+    train = rows.get("train_mask", ())
+    return {"part": p, "nodes": len(owned), "edges": len(inner_eids), "train_nodes": int(np.count_nonzero(train)),
+            "halo_nodes": len(halo)}
+
+
+def finish(out: Path, layout: Layout, src: np.ndarray, graph_name: str, part_method: str,
+           parts: list[dict[str, int]]) -> dict[str, Any]:
+    """The ID mappings and the partition config once every part is written; return the manifest's counts
+    and edge cut."""
+    num_parts, num_nodes, num_edges = len(parts), len(layout.part), len(layout.dst_part)
+    node_starts, edge_starts = layout.node_starts, layout.edge_starts
+    # orig_eids.npy (new edge ID -> original) part by part, without a whole-graph argsort.
+    with open(out / "orig_eids.npy", "wb") as eid_file:
+        np.lib.format.write_array_header_1_0(eid_file, {"descr": "<i8", "fortran_order": False,
+                                                        "shape": (num_edges,)})
+        for p in range(num_parts):
+            np.flatnonzero(layout.dst_part == p).tofile(eid_file)
+    np.save(out / "orig_nids.npy", layout.orig_nids)
     config: dict[str, Any] = {
         "graph_name": graph_name, "num_nodes": num_nodes, "num_edges": num_edges, "part_method": part_method,
         "num_parts": num_parts, "halo_hops": 1,
         "node_map": {"_N": [[int(a), int(b)] for a, b in zip(node_starts[:-1], node_starts[1:])]},
         "edge_map": {"_N:_E:_N": [[int(a), int(b)] for a, b in zip(edge_starts[:-1], edge_starts[1:])]},
-        "ntypes": {"_N": 0}, "etypes": {"_N:_E:_N": 0}}
-    parts = []
-    # orig_eids.npy is written part by part: new edge ID -> original edge ID.
-    with open(out / "orig_eids.npy", "wb") as eid_file:
-        np.lib.format.write_array_header_1_0(eid_file, {"descr": "<i8", "fortran_order": False,
-                                                        "shape": (num_edges,)})
-        for p in range(num_parts):
-            inner_eids = np.flatnonzero(dst_part == p)
-            inner_eids.tofile(eid_file)
-            owned = orig_nids[node_starts[p]:node_starts[p + 1]]
-            member = np.zeros(num_nodes, bool)
-            member[owned] = True
-            member[src[inner_eids]] = True  # one hop: the sources of the owned nodes' in-edges
-            halo = np.sort(new_nids[np.flatnonzero(member & (part != p))])
-            # As partition_graph does, keep the owned nodes' edges into halo nodes too, marked not inner.
-            outer_eids = np.flatnonzero((dst_part != p) & member[dst] & (part[src] == p))
-            write_part(out / f"part{p}", p, owned, halo, inner_eids, outer_eids, src, dst, dst_part,
-                       orig_nids, part, int(node_starts[p]), edge_starts, ndata)
-            parts.append({"part": p, "nodes": int(node_counts[p]), "edges": int(edge_counts[p]),
-                          "train_nodes": int(np.count_nonzero(train[owned])), "halo_nodes": len(halo)})
-            config[f"part-{p}"] = {"node_feats": f"part{p}/node_feat.dgl", "edge_feats": f"part{p}/edge_feat.dgl",
-                                   "part_graph": f"part{p}/graph.dgl"}
-    np.save(out / "orig_nids.npy", orig_nids)
-    cut = int(np.count_nonzero(part[src] != dst_part))
+        "ntypes": {"_N": 0}, "etypes": {"_N:_E:_N": 0},
+        **{f"part-{p}": {"node_feats": f"part{p}/node_feat.dgl", "edge_feats": f"part{p}/edge_feat.dgl",
+                         "part_graph": f"part{p}/graph.dgl"} for p in range(num_parts)}}
+    cut = int(np.count_nonzero(layout.part[src] != layout.dst_part))
     with open(out / f"{graph_name}.json", "w") as f:
         json.dump(config, f, indent=4)
     return {"num_nodes": num_nodes, "num_edges": num_edges, "parts": parts,
@@ -188,15 +236,17 @@ def build(graph_file: Path, assignment: np.ndarray, out: Path, graph_name: str,
 
 
 def write_part(part_dir: Path, p: int, owned: np.ndarray, halo: np.ndarray, inner_eids: np.ndarray,
-               outer_eids: np.ndarray, src: np.ndarray, dst: np.ndarray, dst_part: np.ndarray,
-               orig_nids: np.ndarray, part: np.ndarray, node_start: int, edge_starts: np.ndarray,
-               ndata: dict) -> None:
-    """One part's graph.dgl, node_feat.dgl and (empty) edge_feat.dgl. `halo` holds new node IDs."""
+               outer_eids: np.ndarray, src: np.ndarray, dst: np.ndarray, layout: Layout,
+               rows: dict[str, np.ndarray]) -> None:
+    """One part's graph.dgl, node_feat.dgl (`rows`: the owned nodes' node data) and (empty) edge_feat.dgl.
+    `halo` holds new node IDs."""
     import dgl
     import torch
     from dgl.data.utils import save_tensors
 
     part_dir.mkdir()
+    orig_nids, part, dst_part, edge_starts = layout.orig_nids, layout.part, layout.dst_part, layout.edge_starts
+    node_start = int(layout.node_starts[p])
     halo_orig = orig_nids[halo]
     # Local IDs: owned nodes in new-ID order, then halo nodes in new-ID order.
     local = np.full(len(orig_nids), -1, np.int64)
@@ -225,8 +275,7 @@ def write_part(part_dir: Path, p: int, owned: np.ndarray, halo: np.ndarray, inne
         np.concatenate([np.ones(len(inner_eids), np.uint8), np.zeros(len(outer_eids), np.uint8)]))
     dgl.save_graphs(str(part_dir / "graph.dgl"), [graph])
     del graph
-    index = torch.from_numpy(owned)
-    save_tensors(str(part_dir / "node_feat.dgl"), {f"_N/{name}": tensor[index] for name, tensor in ndata.items()})
+    save_tensors(str(part_dir / "node_feat.dgl"), {f"_N/{name}": torch.from_numpy(array) for name, array in rows.items()})
     save_tensors(str(part_dir / "edge_feat.dgl"), {})
 
 

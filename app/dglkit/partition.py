@@ -1,4 +1,5 @@
-"""`dglkit partition`: split a prepared graph into one partition per machine with DGL's partition_graph.
+"""`dglkit partition`: split a prepared graph into one partition per machine with DGL's partition_graph,
+the kit's lean builder (dglkit.leanpart) on one host, or the same builder spread over the workers.
 
 Writes DGL's files (<graph name>.json, part<i>/), the ID mappings DGL returns but does not save
 (orig_nids.npy, orig_eids.npy: new ID -> original ID; per type for heterogeneous graphs, see dglkit.hetero) and manifest.json (dataset fingerprint, parameters,
@@ -10,6 +11,7 @@ import argparse
 import json
 import re
 import shutil
+import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -17,7 +19,10 @@ from typing import Any
 import numpy as np
 
 from dglkit.common import UserError, emit_result, peak_rss_mb, read_json, write_json
-from dglkit.resources import MEMORY_HELP, check_fits, memory_estimate
+from dglkit.resources import GB, MEMORY_HELP, check_fits, memory_estimate
+
+DISTRIBUTED_STEPS = ("assign", "part", "finish")
+ASSIGNMENT = "assignment.npy"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -33,9 +38,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="do not ask METIS for an equal number of edges per partition")
     parser.add_argument("--graphbolt", action="store_true",
                         help="also write GraphBolt's fused_csc_sampling_graph.pt (for use_graphbolt=True)")
-    parser.add_argument("--builder", choices=("lean", "dgl"), default="lean",
+    parser.add_argument("--builder", choices=("lean", "dgl", "distributed"), default="lean",
                         help="lean: METIS in a child process, then one part at a time (a fraction of the memory; "
-                             "1 hop); dgl: dgl.distributed.partition_graph (%(default)s)")
+                             "1 hop); dgl: dgl.distributed.partition_graph; distributed: lean's output, built in "
+                             "--step's from the dataset's arrays/ (prepare --arrays) so that no host holds the "
+                             "whole graph with its features (%(default)s)")
+    parser.add_argument("--step", choices=DISTRIBUTED_STEPS,
+                        help="--builder distributed: assign (one host: METIS on the structure alone), part (on "
+                             "each worker, with --part: that part's files), finish (one host, after every part: "
+                             "ID mappings and the partition config)")
+    parser.add_argument("--part", type=int, help="--step part: the part to build (0 .. num-parts - 1)")
     parser.add_argument("--memory-gb", type=float, help=MEMORY_HELP)
 
 
@@ -45,16 +57,7 @@ def run(args: argparse.Namespace) -> int:
     if dataset is None or "fingerprint" not in dataset or not graph_file.is_file():
         raise UserError(f"{args.dataset_dir} is not a prepared dataset (dataset.json and graph.dgl); "
                         f"run `dglkit prepare --out {args.dataset_dir}` first")
-    if not 1 <= args.num_parts <= dataset["num_nodes"]:
-        raise UserError(f"--num-parts must be between 1 and the {dataset['num_nodes']} nodes, got {args.num_parts}")
-    if not re.fullmatch(r"[A-Za-z0-9_-]+", args.graph_name):
-        raise UserError(f"--graph-name {args.graph_name!r}: use letters, digits, '_' and '-' only")
-    if args.num_hops < 1:
-        raise UserError(f"--num-hops must be >= 1, got {args.num_hops}")
-    if dataset.get("heterogeneous"):
-        args.builder = "dgl"  # the lean builder writes homogeneous partitions only
-    if args.builder == "lean" and args.num_hops != 1:
-        raise UserError(f"--num-hops {args.num_hops}: the lean builder keeps 1 hop; use --builder dgl for more")
+    check_arguments(args, dataset)
     out: Path = args.out
     params = {key: getattr(args, key) for key in (
         "num_parts", "graph_name", "part_method", "num_hops", "balance_train", "balance_edges", "builder")}
@@ -63,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     current = (old is not None and old.get("complete") and old.get("dataset_fingerprint") == dataset["fingerprint"]
                and old.get("parameters") == params and part_config.is_file()
                and all((out / f"part{i}").is_dir() for i in range(args.num_parts)))
-    if current and (old["graphbolt"] or not args.graphbolt):
+    if current and (old["graphbolt"] or not args.graphbolt or args.step in ("assign", "part")):
         emit_result({"changed": False, **summary(old, out)})
         return 0
     if current:
@@ -72,15 +75,24 @@ def run(args: argparse.Namespace) -> int:
         write_json(manifest_path, old)
         emit_result({"changed": True, "converted": True, **summary(old, out)})
         return 0
+    if args.step in ("part", "finish"):
+        return distributed_step(args, dataset, out, old, params)
     if out.exists() and (not out.is_dir() or (any(out.iterdir()) and old is None)):
         raise UserError(f"--out {out} holds something that is not a dglkit partition; give a new or empty directory")
 
+    what = f"partitioning {dataset['num_nodes']} nodes and {dataset['num_edges']} edges"
+    sizes = dataset["num_nodes"], dataset["num_edges"], dataset["feat_dim"]
+    storage_gb, worker_gb = (memory_estimate(stage, *sizes, args.num_parts) / GB for stage in ("assign", "part"))
+    spread = (f"build the parts on the workers: --builder distributed (Ansible: dgl_job_partition_builder: "
+              f"distributed), about {storage_gb:.1f} GB here and {worker_gb:.1f} GB on each worker")
+    stage = "assign" if args.builder == "distributed" else args.builder
     estimates = check_fits(
-        f"partitioning {dataset['num_nodes']} nodes and {dataset['num_edges']} edges (--builder {args.builder})",
-        memory_estimate(args.builder, dataset["num_nodes"], dataset["num_edges"], dataset["feat_dim"]),
+        f"{what} (--builder {args.builder}{' --step assign' if args.step else ''})",
+        memory_estimate(stage, *sizes, args.num_parts),
         dataset["graph_bytes"] * (3 if args.graphbolt else 2), out, args.memory_gb, ways_out=(
             "partition on a storage host with more memory (the inventory's storage group), "
             + ("use --builder lean (a fraction of partition_graph's memory), " if args.builder == "dgl" else "")
+            + (f"{spread}, " if args.builder != "distributed" and not dataset.get("heterogeneous") else "")
             + "or, for graphs no single host holds, DGL's distributed partitioning pipeline (ParMETIS)"))
     # The old partition is stale: remove it first so that no part<i> of a larger num_parts remains.
     shutil.rmtree(out, ignore_errors=True)
@@ -90,6 +102,9 @@ def run(args: argparse.Namespace) -> int:
                 "part_config": part_config.name, "num_parts": args.num_parts, **estimates}
     write_json(manifest_path, manifest)  # marks the directory as ours, incomplete until the end
     timings: dict[str, float] = {}
+    if args.builder == "distributed":
+        distributed_assign(args, dataset, out, manifest, timings)
+        return 0
     if args.builder == "lean":
         lean_partition(args, graph_file, out, manifest, timings)
     else:
@@ -102,19 +117,131 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def check_arguments(args: argparse.Namespace, dataset: dict[str, Any]) -> None:
+    if not 1 <= args.num_parts <= dataset["num_nodes"]:
+        raise UserError(f"--num-parts must be between 1 and the {dataset['num_nodes']} nodes, got {args.num_parts}")
+    if not re.fullmatch(r"[A-Za-z0-9_-]+", args.graph_name):
+        raise UserError(f"--graph-name {args.graph_name!r}: use letters, digits, '_' and '-' only")
+    if args.num_hops < 1:
+        raise UserError(f"--num-hops must be >= 1, got {args.num_hops}")
+    if (args.builder == "distributed") != (args.step is not None):
+        raise UserError("--builder distributed runs in --step's (assign, part on every worker, finish); "
+                        "--step goes with --builder distributed only")
+    if args.step == "part" and not (args.part is not None and 0 <= args.part < args.num_parts):
+        raise UserError(f"--step part needs --part between 0 and {args.num_parts - 1}, got {args.part}")
+    if args.builder == "distributed" and "arrays" not in dataset:
+        raise UserError(f"--builder distributed reads {args.dataset_dir}/arrays/: prepare the dataset with --arrays")
+    if dataset.get("heterogeneous"):
+        args.builder = "dgl"  # the lean builder writes homogeneous partitions only
+    if args.builder != "dgl" and args.num_hops != 1:
+        raise UserError(f"--num-hops {args.num_hops}: the {args.builder} builder keeps 1 hop; use --builder dgl "
+                        "for more")
+
+
 def lean_partition(args: argparse.Namespace, graph_file: Path, out: Path, manifest: dict[str, Any],
                    timings: dict[str, float]) -> None:
     from dglkit import leanpart
 
     start = time.perf_counter()
-    leanpart.assign_in_child(graph_file, out / "assignment.npy", args.num_parts, args.part_method,
+    leanpart.assign_in_child(graph_file, out / ASSIGNMENT, args.num_parts, args.part_method,
                              args.balance_train, args.balance_edges)
     timings["assign_s"] = lap(start)
     start = time.perf_counter()
-    manifest.update(leanpart.build(graph_file, np.load(out / "assignment.npy"), out, args.graph_name,
+    manifest.update(leanpart.build(graph_file, np.load(out / ASSIGNMENT), out, args.graph_name,
                                    args.num_parts, args.part_method))
-    (out / "assignment.npy").unlink()
+    (out / ASSIGNMENT).unlink()
     timings["build_s"] = lap(start)
+
+
+def dataset_array(dataset_dir: Path, dataset: dict[str, Any], name: str) -> np.ndarray:
+    """A memory map of one of the dataset's arrays/: only what is read of it is in memory."""
+    return np.load(dataset_dir / dataset["arrays"]["dir"] / f"{name}.npy", mmap_mode="r")
+
+
+def read_rows(path: Path, rows: np.ndarray, block_bytes: int = 64 * 2**20) -> np.ndarray:
+    """Rows `rows` (sorted) of an .npy array, read a block at a time: only they and one block are in this
+    process's memory (a memory map would map in nearly every page of the file, its neighbours' rows too)."""
+    header = np.load(path, mmap_mode="r")
+    row_shape, dtype, offset = header.shape[1:], header.dtype, header.offset
+    row_items = int(np.prod(row_shape, dtype=np.int64))
+    del header
+    out = np.empty((len(rows), *row_shape), dtype)
+    per_block = max(block_bytes // max(row_items * dtype.itemsize, 1), 1)
+    with open(path, "rb") as f:
+        done = 0
+        while done < len(rows):
+            first = rows[done]
+            count = int(np.searchsorted(rows, first + per_block, side="left")) - done
+            last = rows[done + count - 1]
+            f.seek(offset + int(first) * row_items * dtype.itemsize)
+            block = np.fromfile(f, dtype, count=(int(last - first) + 1) * row_items).reshape(-1, *row_shape)
+            out[done:done + count] = block[rows[done:done + count] - first]
+            done += count
+    return out
+
+
+def distributed_assign(args: argparse.Namespace, dataset: dict[str, Any], out: Path, manifest: dict[str, Any],
+                       timings: dict[str, float]) -> None:
+    """--step assign: the METIS assignment from the structure (and training mask) alone."""
+    from dglkit import leanpart
+
+    start = time.perf_counter()
+    if args.part_method == "metis" and args.num_parts > 1:
+        train = (np.asarray(dataset_array(args.dataset_dir, dataset, "node_train_mask")).astype(bool)
+                 if args.balance_train else None)
+        assignment = leanpart.metis_parts([dataset_array(args.dataset_dir, dataset, name) for name in ("src", "dst")],
+                                          dataset["num_nodes"], train, args.num_parts, args.balance_edges)
+    else:
+        assignment = leanpart.random_parts(dataset["num_nodes"], args.num_parts)
+    np.save(out / ASSIGNMENT, assignment.astype(np.int32))
+    timings["assign_s"] = lap(start)
+    manifest.update(timings=timings, peak_rss_mb=round(peak_rss_mb()))
+    write_json(out / "manifest.json", manifest)
+    emit_result({"changed": True, "out": str(out), "step": "assign", "peak_rss_mb": manifest["peak_rss_mb"]})
+
+
+def distributed_step(args: argparse.Namespace, dataset: dict[str, Any], out: Path, manifest: dict[str, Any] | None,
+                     params: dict[str, Any]) -> int:
+    """--step part (one part, on the worker that runs it) and --step finish, after --step assign."""
+    from dglkit import leanpart
+
+    if (manifest is None or manifest.get("dataset_fingerprint") != dataset["fingerprint"]
+            or manifest.get("parameters") != params or not (out / ASSIGNMENT).is_file()):
+        raise UserError(f"{out} holds no assignment for these settings: run --step assign first")
+    sizes = dataset["num_nodes"], dataset["num_edges"], dataset["feat_dim"], args.num_parts
+    start = time.perf_counter()
+    src, dst = (dataset_array(args.dataset_dir, dataset, name) for name in ("src", "dst"))
+    if args.step == "part":
+        check_fits(f"building part {args.part} of {args.num_parts} (--builder distributed --step part)",
+                   memory_estimate("part", *sizes), dataset["graph_bytes"] * 2 // args.num_parts, out,
+                   args.memory_gb, ways_out="workers with more memory, or more of them (more, smaller parts)")
+        shutil.rmtree(out / f"part{args.part}", ignore_errors=True)  # an earlier attempt's
+        arrays = args.dataset_dir / dataset["arrays"]["dir"]
+        layout = leanpart.Layout.of(np.load(out / ASSIGNMENT), dst, args.num_parts)
+        counts = leanpart.build_part(out, args.part, layout, src, dst, lambda owned: {
+            name: read_rows(arrays / f"node_{name}.npy", owned) for name in dataset["arrays"]["node_data"]})
+        counts.update(host=socket.gethostname(), build_s=lap(start), peak_rss_mb=round(peak_rss_mb()))
+        write_json(out / f"part{args.part}.counts.json", counts)
+        emit_result({"changed": True, "out": str(out), "step": "part", **counts})
+        return 0
+    counts_files = [out / f"part{p}.counts.json" for p in range(args.num_parts)]
+    missing = [p for p, path in enumerate(counts_files) if not path.is_file()]
+    if missing:
+        raise UserError(f"parts {missing} of {out} are not built: run --step part --part P for each first")
+    parts = [read_json(path) for path in counts_files]
+    layout = leanpart.Layout.of(np.load(out / ASSIGNMENT), dst, args.num_parts)
+    manifest.update(leanpart.finish(out, layout, src, args.graph_name, args.part_method, parts))
+    timings = {**manifest["timings"], "build_s": max(part["build_s"] for part in parts), "finish_s": lap(start)}
+    if args.graphbolt:
+        timings["graphbolt_s"] = to_graphbolt(out / manifest["part_config"])
+    for path in (*counts_files, out / ASSIGNMENT):
+        path.unlink()
+    # The peak of any one host: what the builder is for.
+    manifest.update(complete=True, graphbolt=args.graphbolt, timings=timings,
+                    peak_rss_mb=max(manifest["peak_rss_mb"], round(peak_rss_mb()), *(p["peak_rss_mb"] for p in parts)))
+    write_json(out / "manifest.json", manifest)
+    emit_result({"changed": True, **summary(manifest, out)})
+    return 0
 
 
 def dgl_partition(args: argparse.Namespace, graph_file: Path, out: Path, part_config: Path,

@@ -13,15 +13,24 @@ from dglkit.common import UserError
 GB = 2**30
 # Python with torch and dgl imported.
 BASE = 0.6 * GB
-# Peak bytes per directed edge of the graph (features aside).
-PER_EDGE = {"prepare": 20, "lean": 60, "dgl": 215}
-# Times the feature matrix is held at once (prepare draws it and adds the class centres in place).
-FEATURE_COPIES = {"prepare": 2, "lean": 1.2, "dgl": 2}
+# Peak bytes per directed edge of the graph (features aside). "assign" and "part" are the steps of
+# `partition --builder distributed`: METIS on the structure on one host, one part per worker.
+PER_EDGE = {"prepare": 20, "lean": 60, "dgl": 215, "assign": 60, "part": 30}
+# Times the node data (features, labels, masks) is held at once (prepare draws the features and adds the
+# class centres in place).
+FEATURE_COPIES = {"prepare": 2, "lean": 1.2, "dgl": 2, "assign": 1, "part": 1.2}
+# Parts are balanced to within 3% in nodes (BENCHMARKS.md): a part's share of the nodes, with room.
+PART_SHARE = 1.1
 
 
-def memory_estimate(stage: str, num_nodes: int, num_edges: int, feat_dim: int) -> int:
-    """Peak bytes of `prepare` (stage "prepare") or `partition --builder lean|dgl`."""
+def memory_estimate(stage: str, num_nodes: int, num_edges: int, feat_dim: int, num_parts: int = 1) -> int:
+    """Peak bytes of `prepare` (stage "prepare"), `partition --builder lean|dgl`, or a step of
+    `partition --builder distributed`: "assign" (the storage host) and "part" (each worker, for num_parts)."""
     node_bytes = num_nodes * (4 * feat_dim + 11)  # float32 features, int64 labels, three masks
+    if stage == "assign":  # no node data: vertex weights and METIS' own arrays
+        node_bytes = 40 * num_nodes
+    elif stage == "part":  # this part's rows only, and the node ID maps
+        node_bytes = node_bytes * min(1.0, PART_SHARE / num_parts) + 40 * num_nodes
     return int(BASE + PER_EDGE[stage] * num_edges + FEATURE_COPIES[stage] * node_bytes)
 
 
@@ -38,7 +47,9 @@ def host_memory() -> tuple[int, str]:
 
 
 def cgroup_memory() -> list[tuple[int, int]]:
-    """(limit, usage) of every memory cgroup above this process that has a limit (cgroup v2 and v1)."""
+    """(limit, usage) of every memory cgroup above this process that has a limit (cgroup v2 and v1). Usage is
+    the working set, as container runtimes count it: without the inactive file cache, which the kernel
+    reclaims before it refuses memory (a read of the dataset would otherwise look like memory in use)."""
     found = []
     try:
         lines = Path("/proc/self/cgroup").read_text().splitlines()
@@ -47,12 +58,12 @@ def cgroup_memory() -> list[tuple[int, int]]:
     for line in lines:
         _, controllers, path = line.split(":", 2)
         if controllers == "":
-            root, limit_file, usage_file = Path("/sys/fs/cgroup"), "memory.max", "memory.current"
+            root, limit_file, usage_file, cache = Path("/sys/fs/cgroup"), "memory.max", "memory.current", "inactive_file"
             if not (root / "cgroup.controllers").is_file():
                 root = Path("/sys/fs/cgroup/unified")
         elif "memory" in controllers.split(","):
             root = Path("/sys/fs/cgroup/memory")
-            limit_file, usage_file = "memory.limit_in_bytes", "memory.usage_in_bytes"
+            limit_file, usage_file, cache = "memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file"
         else:
             continue
         directory = root / path.lstrip("/")
@@ -60,10 +71,11 @@ def cgroup_memory() -> list[tuple[int, int]]:
             try:
                 limit = (directory / limit_file).read_text().strip()
                 usage = int((directory / usage_file).read_text())
+                stat = dict(line.split() for line in (directory / "memory.stat").read_text().splitlines())
             except (OSError, ValueError):
                 limit = "max"
             if limit != "max" and int(limit) < 2**60:
-                found.append((int(limit), usage))
+                found.append((int(limit), max(usage - int(stat.get(cache, 0)), 0)))
             if directory == root:
                 break
             directory = directory.parent

@@ -4,10 +4,11 @@
     python3 tests/cluster/testcluster.py up --name NAME --hosts 3 [--storage-is-worker] [--cluster-network]
     python3 tests/cluster/testcluster.py down --name NAME [--host node3] | down --all
     python3 tests/cluster/testcluster.py shutdown|boot --name NAME --host node3
+    python3 tests/cluster/testcluster.py cap --name NAME --host node2 --memory-mb 900   # 0: no limit
     python3 tests/cluster/testcluster.py status
 
 Each host has an overlay over the cached root, its own network namespace joined by a veth to a bridge
-in a namespace of its own (no uplink), its own cgroup, /dev/shm and SSH host keys. The controller (this
+in a namespace of its own (no uplink), its own cgroups (memory: see `cap`), /dev/shm and SSH host keys. The controller (this
 namespace) reaches the cluster's /24 through one veth into the bridge. Everything about cluster NAME
 lives in /var/lib/dglkit-testcluster/NAME/ (see docs/design.md, "Test cluster").
 """
@@ -65,8 +66,30 @@ def netns(name: str, host: str) -> str:
     return f"dglkit-{name}-{host}"
 
 
+def memory_root() -> Path:
+    """The memory cgroup (v1 hierarchy) this process runs in: each host gets a group below it, which its
+    container sees as its root (nspawn makes a cgroup namespace), so that `cap` limits a host's memory as a
+    container runtime would."""
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if "memory" in controllers.split(","):
+            return Path("/sys/fs/cgroup/memory") / path.lstrip("/")
+    fail("no cgroup v1 memory hierarchy here (the test hosts use a hybrid cgroup layout)")
+
+
 def cgroups(name: str, host: str) -> list[Path]:
-    return [root / f"dglkit-{name}-{host}" for root in CGROUP_ROOTS]
+    return [root / f"dglkit-{name}-{host}" for root in (*CGROUP_ROOTS, memory_root())]
+
+
+def cap(name: str, host: str, memory_mb: int) -> None:
+    """Limit a running host's memory to memory_mb (0: no limit): processes that need more are reclaimed from,
+    then OOM-killed inside the host, and what the kit reads as the host's memory shows the limit."""
+    state = load_state(name)
+    if not state or host not in state["hosts"] or nspawn_pid(name, host) is None:
+        fail(f"cluster {name} has no running host {host}; see: status")
+    limit = cgroups(name, host)[-1] / "memory.limit_in_bytes"
+    limit.write_text(str(memory_mb * 2**20) if memory_mb else "-1")
+    log(f"{name}: {host} memory {'limited to ' + str(memory_mb) + ' MB' if memory_mb else 'not limited'}")
 
 
 def host_num(host: str) -> int:
@@ -414,7 +437,8 @@ def down(name: str, only: str | None = None) -> None:
     hosts |= {p.name for p in (cluster_dir(name) / "hosts").glob("node*")}
     hosts |= {ns.rsplit("-", 1)[1] for ns in sh("ip", "netns", "list").stdout.split()
               if re.fullmatch(rf"dglkit-{re.escape(name)}-node\d+", ns)}
-    hosts |= {g.name.rsplit("-", 1)[1] for root in CGROUP_ROOTS for g in root.glob(f"dglkit-{name}-node*")}
+    hosts |= {g.name.rsplit("-", 1)[1] for root in (*CGROUP_ROOTS, memory_root())
+              for g in root.glob(f"dglkit-{name}-node*")}
     stop_hosts(name, sorted(hosts, key=host_num))
     # Deleting the bridge namespace would remove the controller's veth too, but only some time later.
     if state and sh("ip", "link", "show", "dev", state["controller_if"], check=False).returncode == 0:
@@ -463,6 +487,10 @@ def main() -> None:
         p_power.add_argument("--name", required=True)
         p_power.add_argument("--host", required=True, help="e.g. node3")
         p_power.add_argument("--timeout", type=float, default=120, help="seconds to wait for sshd (boot)")
+    p_cap = sub.add_parser("cap", help="limit a running host's memory (a memory cgroup limit)")
+    p_cap.add_argument("--name", required=True)
+    p_cap.add_argument("--host", required=True, help="e.g. node2")
+    p_cap.add_argument("--memory-mb", type=int, required=True, help="the limit in MB; 0 removes it")
     sub.add_parser("status", help="list clusters and their hosts")
     args = parser.parse_args()
 
@@ -489,6 +517,8 @@ def main() -> None:
             down(name, args.host)
     elif args.command in ("shutdown", "boot"):
         power(args.name, args.host, args.command == "boot", args.timeout)
+    elif args.command == "cap":
+        cap(args.name, args.host, args.memory_mb)
     else:
         status()
 

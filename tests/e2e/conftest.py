@@ -143,6 +143,10 @@ class Cluster:
     def remove(self, host: str) -> None:
         testcluster("down", "--name", self.name, "--host", host)
 
+    def cap_memory(self, host: str, memory_mb: int) -> None:
+        """Limit a host's memory as a container runtime would (its memory cgroup); 0 lifts the limit."""
+        testcluster("cap", "--name", self.name, "--host", host, "--memory-mb", str(memory_mb))
+
     def down(self) -> None:
         testcluster("down", "--name", self.name)
 

@@ -2,7 +2,8 @@
 workers) whose nodes talk over a second network (`dglkit_cluster_address` differs from `ansible_host`):
 outputs in original node order across two partitions, samplers, the `files` and offline `ogbn-*` datasets
 through train.yml, `dgl_job_force`, fail-fast across nodes with the controller gone, the failure message,
-playbooks/preflight.yml and stop.yml's leftover report, and ip_config and host keys after a resize.
+playbooks/preflight.yml and stop.yml's leftover report, ip_config and host keys after a resize, and, last (it
+caps the storage host's memory), partitioning across the workers where the storage host cannot alone.
 
 The tests share the cluster and run in file order: each leaves every host clean for the next.
 """
@@ -366,3 +367,57 @@ def test_resize_renders_ip_config_in_order_and_old_nodes_trust_the_new_one(site:
     site.stand_up()
     assert workers(site) == ["node2", "node3"]
     assert (site.workspace / "ip_config.txt").read_text().splitlines() == ip_config_of_workers(site)
+
+
+# Features outweigh the structure: what the distributed builder spares the storage host (last in the module:
+# the storage host's memory is capped while it runs).
+WIDE = ["-e", "dgl_job_synthetic_nodes=20000", "-e", "dgl_job_synthetic_feat_dim=2000", "-e", "dgl_job_epochs=1",
+        "-e", "dgl_job_batch_size=100"]
+
+
+def working_set(cluster: Cluster, host: str) -> int:
+    """The host's memory in use as its memory cgroup counts it, less the inactive file cache."""
+    stat = dict(line.split() for line in cluster.ssh(host, "cat /sys/fs/cgroup/memory/memory.stat").stdout.splitlines())
+    usage = int(cluster.ssh(host, "cat /sys/fs/cgroup/memory/memory.usage_in_bytes").stdout)
+    return usage - int(stat["total_inactive_file"])
+
+
+def test_a_capped_storage_host_refuses_to_partition_alone_and_the_workers_build_the_parts(
+        site: Cluster, runs: Path) -> None:
+    from dglkit.resources import memory_estimate
+
+    run = train(site, runs, *WIDE, "-e", "dgl_job_partition_builder=distributed")
+    folder = run_folder(run.output)
+    result = json.loads((folder / "result.json").read_text())
+    assert result["num_trainers"] == 2 and result["val_acc"] > 0.3, result
+    partition = Path(json.loads((folder / "job.json").read_text())["part_config"]).parent.name
+    assert partition.endswith("-2p-distributed"), partition
+    manifest = json.loads((site.workspace / "partitions" / partition / "manifest.json").read_text())
+    assert manifest["complete"] and [part["host"] for part in manifest["parts"]] == workers(site), manifest
+    dataset_id = partition.removesuffix("-2p-distributed")
+    dataset = json.loads((site.workspace / "datasets" / dataset_id / "dataset.json").read_text())
+    sizes = dataset["num_nodes"], dataset["num_edges"], dataset["feat_dim"], 2
+    single, storage = memory_estimate("lean", *sizes), memory_estimate("assign", *sizes)
+    # Every host of the distributed builder peaked below what the single-host builder is estimated to need.
+    assert max(part["peak_rss_mb"] for part in manifest["parts"]) * 2**20 < single, manifest["parts"]
+
+    # The storage host gets half-way between what its steps need and what the single-host builder needs.
+    cap = working_set(site, "node1") + (storage + single) // 2
+    site.cap_memory("node1", cap // 2**20)
+    try:
+        refused = train(site, runs, *WIDE, check=False)
+        message = flat(refused.output)
+        found = re.search(r"partitioning 20000 nodes and \d+ edges \(--builder lean\) needs about ([\d.]+) GB of "
+                          r"memory; this host has ([\d.]+) GB available \(memory cgroup limit", message)
+        assert refused.returncode != 0 and found, refused.output[-4000:]
+        assert float(found[2]) <= float(found[1]) and "dgl_job_partition_builder: distributed" in message
+        assert not (site.workspace / "partitions" / f"{dataset_id}-2p").exists(), "written before the refusal"
+        # Under the same cap, the storage host's heavy step of the distributed builder runs (METIS).
+        site.ssh("node1", f"runuser -u dglkit -- {WORKSPACE}/venv/bin/python -m dglkit partition --dataset-dir "
+                          f"{WORKSPACE}/datasets/{dataset_id} --out {WORKSPACE}/partitions/capped --num-parts 2 "
+                          "--builder distributed --step assign", timeout=300)
+        assert (site.workspace / "partitions" / "capped" / "assignment.npy").is_file()
+    finally:
+        site.cap_memory("node1", 0)
+        site.ssh("node1", f"rm -rf {WORKSPACE}/partitions/capped")
+    assert_clean(site)

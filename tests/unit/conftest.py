@@ -48,9 +48,9 @@ def dglkit() -> Callable[..., subprocess.CompletedProcess]:
 
 @pytest.fixture(scope="session")
 def synthetic_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Directory with graph.dgl and dataset.json: 4000 nodes, 5 classes, 32 features."""
+    """Directory with graph.dgl, dataset.json and arrays/: 4000 nodes, 5 classes, 32 features."""
     out = tmp_path_factory.mktemp("data") / "synthetic"
-    build("prepare", "--dataset", "synthetic", "--out", out, *SYNTHETIC)
+    build("prepare", "--dataset", "synthetic", "--out", out, *SYNTHETIC, "--arrays")
     return out
 
 

@@ -223,3 +223,20 @@ def test_files_bad_inputs(cli, tmp_path, change, message):
 def test_files_missing_path(cli, tmp_path):
     code, _, err = cli("prepare", "--dataset", "files", "--path", tmp_path / "nope", "--out", tmp_path / "o")
     assert code == 2 and "--dataset files needs --path" in err
+
+
+def test_arrays_hold_the_graph_as_graph_dgl_loads_it(cli, synthetic_dataset, tmp_path):
+    graph, meta = load(synthetic_dataset)
+    arrays = synthetic_dataset / meta["arrays"]["dir"]
+    for name, ids in zip(("src", "dst"), graph.edges()):
+        np.testing.assert_array_equal(np.load(arrays / f"{name}.npy"), ids.numpy())
+    assert set(meta["arrays"]["node_data"]) == set(graph.ndata)
+    for name in meta["arrays"]["node_data"]:
+        array, want = np.load(arrays / f"node_{name}.npy"), graph.ndata[name].numpy()
+        assert array.dtype == want.dtype and (array == want).all(), name
+    # Asked for later, the arrays come with a rebuild; not asked for, they stay.
+    args = ["prepare", "--dataset", "synthetic", "--out", tmp_path, "--num-nodes", "500", "--feat-dim", "8"]
+    assert cli(*args)[1]["changed"] and not (tmp_path / "arrays").exists()
+    assert cli(*args, "--arrays")[1]["changed"] and (tmp_path / "arrays" / "node_feat.npy").is_file()
+    assert not cli(*args)[1]["changed"] and (tmp_path / "arrays").is_dir()
+    assert cli(*args, "--seed", "3")[1]["changed"] and not (tmp_path / "arrays").exists(), "stale arrays kept"

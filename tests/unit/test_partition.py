@@ -198,3 +198,64 @@ def test_metis_input_is_the_graph_made_symmetric_without_loops_or_duplicates():
     got = list(zip(indices.tolist(), np.repeat(np.arange(300), np.diff(indptr)).tolist()))
     want = {(a, b) for a, b in zip(src.tolist(), dst.tolist()) if a != b}
     assert len(got) == len(set(got)) and set(got) == want | {(b, a) for a, b in want}
+
+
+def distributed(cli, dataset: Path, out: Path, num_parts: int, step: str, *extra: object) -> tuple[int, dict | None, str]:
+    return cli(*partition_args(dataset, out, num_parts, "--builder", "distributed", "--step", step, *extra))
+
+
+def test_distributed_builder_writes_what_the_lean_builder_writes(cli, synthetic_dataset, tmp_path):
+    """Step by step as the workers run it, then the lean builder on the same assignment: the same files."""
+    from dglkit import leanpart
+
+    dist, lean = tmp_path / "dist", tmp_path / "lean"
+    code, _, err = distributed(cli, synthetic_dataset, dist, 2, "finish")
+    assert code == 2 and "run --step assign first" in err and not dist.exists()
+    assert distributed(cli, synthetic_dataset, dist, 2, "assign")[1]["changed"]
+    assignment = np.load(dist / "assignment.npy")
+    code, _, err = distributed(cli, synthetic_dataset, dist, 2, "finish")
+    assert code == 2 and "parts [0, 1] of" in err
+    for part in (1, 0):  # any order: every worker builds its own
+        assert distributed(cli, synthetic_dataset, dist, 2, "part", "--part", part)[1]["part"] == part
+    assert distributed(cli, synthetic_dataset, dist, 2, "finish")[1]["changed"]
+    assert sorted(p.name for p in dist.iterdir()) == ["graph.json", "manifest.json", "orig_eids.npy",
+                                                       "orig_nids.npy", "part0", "part1"]
+    for step, extra in (("assign", ()), ("part", ("--part", 0)), ("finish", ())):
+        assert not distributed(cli, synthetic_dataset, dist, 2, step, *extra)[1]["changed"]
+
+    lean.mkdir()
+    counts = leanpart.build(synthetic_dataset / "graph.dgl", assignment, lean, "graph", 2, "metis")
+    manifest = json.loads((dist / "manifest.json").read_text())
+    assert manifest["complete"] and manifest["edge_cut"] == counts["edge_cut"]
+    assert [{key: part[key] for key in counts["parts"][0]} for part in manifest["parts"]] == counts["parts"]
+    assert json.loads((dist / "graph.json").read_text()) == json.loads((lean / "graph.json").read_text())
+    for name in ("orig_nids.npy", "orig_eids.npy"):
+        np.testing.assert_array_equal(np.load(dist / name), np.load(lean / name))
+    for part in range(2):
+        (got,), _ = dgl.load_graphs(str(dist / f"part{part}" / "graph.dgl"))
+        (want,), _ = dgl.load_graphs(str(lean / f"part{part}" / "graph.dgl"))
+        for a, b in zip(got.edges(), want.edges()):
+            assert torch_equal(a, b)
+        for got_data, want_data in ((got.ndata, want.ndata), (got.edata, want.edata)):
+            assert set(got_data) == set(want_data) and all(torch_equal(got_data[k], want_data[k]) for k in want_data)
+        for name in ("node_feat.dgl", "edge_feat.dgl"):
+            got_feats, want_feats = (load_tensors(str(d / f"part{part}" / name)) for d in (dist, lean))
+            assert set(got_feats) == set(want_feats)
+            assert all(torch_equal(got_feats[k], want_feats[k]) for k in want_feats)
+    # And DGL reads it as a partition with its invariants.
+    owned_and_halo(dist / "graph.json", dgl.load_graphs(str(synthetic_dataset / "graph.dgl"))[0][0])
+
+
+def torch_equal(a, b) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and bool((a == b).all())
+
+
+def test_distributed_builder_needs_arrays_and_steps(cli, tmp_path):
+    dataset = tmp_path / "data"
+    assert cli("prepare", "--dataset", "synthetic", "--out", dataset, "--num-nodes", "400", "--feat-dim", "4")[0] == 0
+    code, _, err = distributed(cli, dataset, tmp_path / "parts", 2, "assign")
+    assert code == 2 and "prepare the dataset with --arrays" in err
+    code, _, err = cli(*partition_args(dataset, tmp_path / "parts", 2, "--builder", "distributed"))
+    assert code == 2 and "--step" in err
+    code, _, err = distributed(cli, dataset, tmp_path / "parts", 2, "part", "--part", 2)
+    assert code == 2 and "--part between 0 and 1" in err and not (tmp_path / "parts").exists()

@@ -41,7 +41,20 @@ def test_partition_refusal_leaves_the_old_partition_alone(cli, synthetic_dataset
     code, _, err = cli("partition", "--dataset-dir", synthetic_dataset, "--out", out, "--num-parts", 1,
                        "--builder", "dgl", "--memory-gb", "0.5")
     assert code == 2 and "(--builder dgl) needs about 0.6 GB of memory" in err and "--builder lean" in err
+    assert "--builder distributed (Ansible: dgl_job_partition_builder: distributed), about 0.6 GB here" in err
     assert {p: p.stat().st_mtime_ns for p in out.rglob("*")} == before
+
+
+def test_distributed_estimates_spare_the_storage_host_the_features():
+    # products-dgl on 4 workers: METIS on the structure alone on the storage host, a quarter of the
+    # features on each worker; both below the single-host builder.
+    nodes, edges = 2_449_029, 123_718_512
+    lean, storage, worker = (memory_estimate(stage, nodes, edges, 100, 4) for stage in ("lean", "assign", "part"))
+    assert storage < lean and worker < lean
+    # Features dominate (20k nodes, 2000 features, the e2e test's graph): the storage host needs the
+    # imports and METIS, about 0.2 GB less than the single-host builder.
+    lean, storage = (memory_estimate(stage, 20_000, 190_000, 2000, 2) for stage in ("lean", "assign"))
+    assert lean - storage > 0.15 * GB
 
 
 @pytest.fixture
