@@ -4,9 +4,10 @@ Runs the dgl_job role's wait.yml (the one `until` task that polls `dglkit watch`
 prints a progress line per poll) against a job directory on this machine whose status and metrics a thread
 keeps changing, over Ansible's local connection, so nothing but the controller's own cost is measured. For
 each poll line the script samples the RSS of ansible-playbook's main process and of its whole process tree;
-after --polls lines it marks the job succeeded and the loop ends. Appends to bench/results/polling.jsonl.
+after --polls lines (or --max-minutes) it marks the job succeeded and the loop ends. Appends to
+bench/results/polling.jsonl, with the memory and time per poll of each tenth of the run.
 
-    .venv/bin/python bench/polling.py --polls 2000
+    .venv/bin/python bench/polling.py --polls 2000 [--max-minutes 60]
     .venv/bin/python bench/polling.py --quick
 """
 
@@ -59,6 +60,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--polls", type=int, default=2000)
     parser.add_argument("--nodes", type=int, default=4, help="worker nodes the job reports")
+    parser.add_argument("--max-minutes", type=float, help="end the run after this long even if fewer polls were "
+                        "made (the figures then say how many)")
     benchlib.add_common_arguments(parser, "100 polls")
     args = benchlib.parse(parser, "polling", print_table)
     if args is None:
@@ -75,7 +78,10 @@ def main() -> None:
             "localhost": {"ansible_connection": "local", "ansible_python_interpreter": benchlib.PYTHON}}}}}}))
         (Path(tmp) / "poll.yml").write_text(PLAYBOOK)
         extra = {"__dgl_job_dir": str(job_dir), "__dgl_job_nodes": nodes, "dgl_job_venv": str(benchlib.REPO / ".venv"),
-                 "__dgl_job_storage_host": "localhost", "__dgl_job_job_id": "bench", "dgl_job_poll_seconds": 0}
+                 "__dgl_job_storage_host": "localhost", "__dgl_job_job_id": "bench", "dgl_job_poll_seconds": 0,
+                 # The watch runs as this user: there is no job account on the controller (a variable beats the
+                 # task's `become: true`).
+                 "ansible_become": False}
         stop = threading.Event()
         writer = threading.Thread(target=fake_job, args=(job_dir, nodes, stop))
         writer.start()
@@ -95,18 +101,24 @@ def main() -> None:
                     continue
                 tree = benchlib.tree_rss(proc.pid)
                 samples.append((time.monotonic() - start, main_proc.memory_info().rss / 2**20, tree / 2**20))
-                if len(samples) == args.polls:
+                if len(samples) == args.polls or (args.max_minutes and samples[-1][0] > 60 * args.max_minutes):
                     stop.set()
         finally:
             stop.set()
             writer.join()
             proc.wait()
-    assert proc.returncode == 0 and len(samples) >= args.polls, f"ansible-playbook exited {proc.returncode}"
+    assert proc.returncode == 0 and samples, f"ansible-playbook exited {proc.returncode}"
     gaps = [b[0] - a[0] for a, b in zip(samples, samples[1:])]
     tenth = max(len(samples) // 10, 1)
     first, last = samples[:tenth], samples[-tenth:]
     figures = {
         "polls": len(samples),
+        "polls_per_min": round(60 * (len(samples) - 1) / max(samples[-1][0] - samples[0][0], 1e-9), 1),
+        # Per tenth of the run, in order: flat lists are flat memory and time per poll.
+        "main_rss_mb_tenths": [round(statistics.fmean(s[1] for s in samples[i:i + tenth]), 1)
+                               for i in range(0, tenth * 10, tenth) if samples[i:i + tenth]],
+        "poll_s_tenths": [round(statistics.fmean(gaps[i:i + tenth]), 3)
+                          for i in range(0, tenth * 10, tenth) if gaps[i:i + tenth]],
         "main_rss_mb_first_tenth": round(statistics.fmean(s[1] for s in first), 1),
         "main_rss_mb_last_tenth": round(statistics.fmean(s[1] for s in last), 1),
         "main_rss_mb_max": round(max(s[1] for s in samples), 1),
@@ -117,11 +129,11 @@ def main() -> None:
         "poll_s_median": round(statistics.median(gaps), 3),
         "wall_s": round(samples[-1][0], 1),
     }
-    benchlib.report("polling", {"polls": args.polls, "nodes": args.nodes}, figures)
+    benchlib.report("polling", {"polls": args.polls, "nodes": args.nodes, "max_minutes": args.max_minutes}, figures)
 
 
 def print_table(records: list[dict]) -> None:
-    rows = [[r["params"]["polls"], r["params"]["nodes"], r["figures"]["main_rss_mb_first_tenth"],
+    rows = [[r["figures"]["polls"], r["params"]["nodes"], r["figures"]["main_rss_mb_first_tenth"],
              r["figures"]["main_rss_mb_last_tenth"], r["figures"]["tree_rss_mb_first_tenth"],
              r["figures"]["tree_rss_mb_last_tenth"], r["figures"]["poll_s_first_tenth"],
              r["figures"]["poll_s_last_tenth"], r["figures"]["wall_s"]] for r in records]

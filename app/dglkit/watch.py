@@ -78,11 +78,16 @@ def snapshot(job_dir: Path, nodes: list[str], stale_after: float, final: bool) -
     bad = [name for name, s in states.items() if s["state"] in ("failed", "stopped")]
     if final and silent and (max_restarts == 0 or len(silent) == len(states)):
         bad += silent
-    if failed is not None:
-        result.update(state="failed" if failed.get("attempt", 1) > max_restarts else "restarting",
-                      failed_node=failed.get("node"), reason=f"{failed.get('process')}: {failed.get('reason')}")
+    # A stop during a restart ends the job: the launchers waiting to restart see STOP and stop too.
+    restarts_left = failed is not None and failed.get("attempt", 1) <= max_restarts
+    if failed is not None and not restarts_left:
+        result.update(state="failed", failed_node=failed.get("node"),
+                      reason=f"{failed.get('process')}: {failed.get('reason')}")
     elif (job_dir / "STOP").exists():
         result.update(state="stopped", reason="stopped on request (playbooks/stop.yml)")
+    elif restarts_left:
+        result.update(state="restarting", failed_node=failed.get("node"),
+                      reason=f"{failed.get('process')}: {failed.get('reason')}")
     elif any(s["state"] == "restarting" for s in states.values()):
         result["state"] = "restarting"
     elif bad:

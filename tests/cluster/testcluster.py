@@ -3,6 +3,7 @@
     python3 tests/cluster/testcluster.py stage
     python3 tests/cluster/testcluster.py up --name NAME --hosts 3 [--storage-is-worker] [--cluster-network]
     python3 tests/cluster/testcluster.py down --name NAME [--host node3] | down --all
+    python3 tests/cluster/testcluster.py shutdown|boot --name NAME --host node3
     python3 tests/cluster/testcluster.py cap --name NAME --host node2 --memory-mb 900   # 0: no limit
     python3 tests/cluster/testcluster.py status
 
@@ -306,7 +307,7 @@ def up(name: str, count: int, storage_is_worker: bool, timeout: float, cluster_n
     stage = staging.stage()
     raise_inotify_limit()
     state = load_state(name)
-    if state and any(nspawn_pid(name, h) is None for h in state["hosts"]):
+    if state and any(nspawn_pid(name, h) is None for h in set(state["hosts"]) - set(state.get("down", []))):
         log(f"cleaning up leftovers of an earlier run of {name}")
         state = None
     if state is None and name in list_clusters():
@@ -372,8 +373,9 @@ def close_ssh_masters(name: str) -> None:
         sh("ssh", "-o", f"ControlPath={sock}", "-O", "exit", "controlmaster", check=False)
 
 
-def stop_hosts(name: str, hosts: list[str], grace: float = 10.0) -> None:
-    """Shut hosts down together, then remove all they had: processes, cgroups, overlay, namespace."""
+def stop_hosts(name: str, hosts: list[str], grace: float = 10.0, keep_disk: bool = False) -> None:
+    """Shut hosts down together, then remove all they had: processes, cgroups, overlay mount, namespace (and
+    with it the address), and unless keep_disk the host's directory (its root filesystem's changes)."""
     close_ssh_masters(name)
     for host in hosts:
         pid = nspawn_pid(name, host)
@@ -390,7 +392,29 @@ def stop_hosts(name: str, hosts: list[str], grace: float = 10.0) -> None:
             sh("umount", str(root))
         if netns(name, host) in sh("ip", "netns", "list").stdout.split():
             sh("ip", "netns", "del", netns(name, host))
-        shutil.rmtree(cluster_dir(name) / "hosts" / host, ignore_errors=True)
+        if not keep_disk:
+            shutil.rmtree(cluster_dir(name) / "hosts" / host, ignore_errors=True)
+
+
+def power(name: str, host: str, on: bool, timeout: float) -> None:
+    """Shut a host down keeping its disk, or boot it again: same address, host keys and root filesystem; what
+    its systemd enables starts as after a reboot, and its /dev/shm is empty."""
+    start = time.monotonic()
+    state = load_state(name)
+    if not state or host not in state["hosts"]:
+        fail(f"cluster {name} has no host {host}; see: status")
+    running = nspawn_pid(name, host) is not None
+    if on and not running:
+        # Leftovers of the shutdown (a namespace whose removal failed) must not stop the boot.
+        stop_hosts(name, [host], keep_disk=True)
+        start_host(state, host, staging.stage())
+        wait_ssh(state, [host], timeout)
+    elif not on and running:
+        # As long as systemd gives a unit to stop (TimeoutStopSec) before it kills what is left.
+        stop_hosts(name, [host], grace=45, keep_disk=True)
+    state["down"] = sorted(set(state.get("down", [])) - {host} | (set() if on else {host}))
+    save_state(state)
+    log(f"{name}: {host} {'up' if on else 'down'} in {time.monotonic() - start:.1f} s")
 
 
 def down(name: str, only: str | None = None) -> None:
@@ -403,6 +427,7 @@ def down(name: str, only: str | None = None) -> None:
             fail("node1 is the storage host; take the whole cluster down instead")
         stop_hosts(name, [only])
         state["hosts"].remove(only)
+        state["down"] = [h for h in state.get("down", []) if h != only]
         save_state(state)
         write_access(state)
         log(f"{name}: {only} removed in {time.monotonic() - start:.1f} s")
@@ -436,7 +461,7 @@ def status() -> None:
               f"(ip netns exec {netns(name, 'out')} ...)")
         for host in sorted(state["hosts"], key=host_num):
             print(f"  {host} {host_ip(state, host)}{' cluster ' + cluster_ip(state, host) if cluster_ip(state, host) else ''} "
-                  f"{'running' if nspawn_pid(name, host) else 'NOT RUNNING'}")
+                  f"{'running' if nspawn_pid(name, host) else 'shut down' if host in state.get('down', []) else 'NOT RUNNING'}")
 
 
 def main() -> None:
@@ -456,6 +481,12 @@ def main() -> None:
     which.add_argument("--name")
     which.add_argument("--all", action="store_true")
     p_down.add_argument("--host", help="remove only this host, e.g. node3")
+    for command, what in (("shutdown", "shut a host down, keeping its disk, address and host keys"),
+                          ("boot", "boot a host that was shut down")):
+        p_power = sub.add_parser(command, help=what)
+        p_power.add_argument("--name", required=True)
+        p_power.add_argument("--host", required=True, help="e.g. node3")
+        p_power.add_argument("--timeout", type=float, default=120, help="seconds to wait for sshd (boot)")
     p_cap = sub.add_parser("cap", help="limit a running host's memory (a memory cgroup limit)")
     p_cap.add_argument("--name", required=True)
     p_cap.add_argument("--host", required=True, help="e.g. node2")
@@ -484,6 +515,8 @@ def main() -> None:
             fail("--host needs --name, not --all")
         for name in list_clusters() if args.all else [args.name]:
             down(name, args.host)
+    elif args.command in ("shutdown", "boot"):
+        power(args.name, args.host, args.command == "boot", args.timeout)
     elif args.command == "cap":
         cap(args.name, args.host, args.memory_mb)
     else:

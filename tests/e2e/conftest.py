@@ -150,6 +150,14 @@ class Cluster:
     def down(self) -> None:
         testcluster("down", "--name", self.name)
 
+    def shutdown(self, host: str) -> None:
+        """Take a host down as a power-off after an orderly shutdown would: it keeps its disk, address and host keys."""
+        testcluster("shutdown", "--name", self.name, "--host", host)
+
+    def boot(self, host: str) -> None:
+        """Boot a host that was shut down; returns once its sshd answers."""
+        testcluster("boot", "--name", self.name, "--host", host)
+
     def name_address(self, name: str, address: str) -> None:
         """Make `name` resolve to `address` for the controller's playbook runs (as a DNS entry would)."""
         self.names[name] = address

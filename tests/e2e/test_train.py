@@ -3,7 +3,9 @@ workers), stood up once with site.yml (firewall on, node3's cluster address give
 across hosts with GraphBolt off and on, the same job again (changed=0), a job needing ports the firewall keeps
 closed, a resize to 3 workers and back, a trainer killed while the controller is away (restart from the
 checkpoint, then a new train.yml attaches), a server killed with no restarts (fails fast), an outsider on the
-cluster network probing a running job and stop.yml during a restart, and a worker host that goes down for good.
+cluster network probing a running job and stop.yml during a restart, a worker host that shuts down and boots
+again mid-job (the job restarts with it), stop.yml while the job waits for a host that is down, and a worker host
+that goes down for good.
 
 The tests share the cluster and run in file order: each leaves every host clean for the next.
 """
@@ -85,19 +87,24 @@ def stop_background_jobs(cluster: Cluster) -> Iterator[None]:
     yield
     left = [proc for proc in BACKGROUND if proc.poll() is None]
     for proc in left:
-        proc.kill()
-        proc.communicate()
+        kill(proc)
     BACKGROUND.clear()
     if left:
         cluster.playbook("playbooks/stop.yml", check=False)
 
 
+def kill(proc: subprocess.Popen) -> str:
+    """SIGKILL a background train.yml and the workers it forked (they hold its output pipe open); its output."""
+    os.killpg(proc.pid, signal.SIGKILL)
+    return proc.communicate()[0]
+
+
 def start_train(cluster: Cluster, runs: Path, *args: str) -> subprocess.Popen:
-    """train.yml in the background (stdout+stderr in one pipe)."""
+    """train.yml in the background, in a session of its own (stdout+stderr in one pipe)."""
     cmd = with_names([str(BIN / "ansible-playbook"), "-i", str(cluster.inventory), "playbooks/train.yml",
                       "-e", f"dgl_job_run_dir={runs}", *args], cluster.etc_hosts)
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "ANSIBLE_NOCOLOR": "1", "ANSIBLE_FORCE_COLOR": "0"})
+                            start_new_session=True, env={**os.environ, "ANSIBLE_NOCOLOR": "1", "ANSIBLE_FORCE_COLOR": "0"})
     BACKGROUND.append(proc)
     return proc
 
@@ -127,8 +134,7 @@ def finish(proc: subprocess.Popen, timeout: float) -> str:
     try:
         output, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        proc.kill()
-        output, _ = proc.communicate()
+        output = kill(proc)
         pytest.fail(f"train.yml did not end within {timeout:.0f} s:\n{output[-4000:]}")
     return output
 
@@ -339,6 +345,76 @@ def test_an_outsider_reaches_no_port_of_a_running_job_and_stop_during_a_restart_
     assert proc.returncode != 0 and "job e2e-stop was stopped on request" in flat(output), output[-4000:]
     assert_clean(site)
     assert site.playbook("playbooks/stop.yml").changed_hosts() == []
+
+
+def wait_for_state(cluster: Cluster, job_id: str, node: str, state: str, timeout: float = 120) -> None:
+    status = cluster.workspace / "jobs" / job_id / "nodes" / node / "status.json"
+    deadline = time.time() + timeout
+    while json.loads(status.read_text()).get("state") != state:
+        assert time.time() < deadline, f"{node} not {state} within {timeout:.0f} s: {status.read_text()}"
+        time.sleep(0.5)
+
+
+def test_a_worker_host_that_goes_down_and_comes_back_rejoins_the_job(site: Cluster, runs: Path) -> None:
+    job = [*JOB[:2], "-e", "dgl_job_epochs=12", *JOB[4:], "-e", "dgl_job_id=e2e-reboot", "-e", "dgl_job_poll_seconds=5",
+           "-e", "dgl_job_max_restarts=1", "-e", "dgl_job_restart_wait=240"]
+    proc = start_train(site, runs, *job)
+    job_dir = site.workspace / "jobs" / "e2e-reboot"
+    wait_for_epoch(site, "e2e-reboot", "node3")
+    deadline = time.time() + 120
+    while not (job_dir / "checkpoint.pt").exists():
+        assert time.time() < deadline, "no checkpoint within 120 s"
+        time.sleep(0.5)
+    assert site.ssh("node3", "systemctl is-enabled dglkit-job").stdout.strip() == "enabled"
+    # The host shuts down (its launcher fails the attempt), is gone for a while, and boots with its disk.
+    site.shutdown("node3")
+    down = time.time()
+    wait_for_state(site, "e2e-reboot", "node2", "restarting")
+    time.sleep(5)
+    assert json.loads((job_dir / "nodes/node2/status.json").read_text())["state"] == "restarting"
+    site.boot("node3")
+    print(f"node3 was down {time.time() - down:.0f} s")
+    output = finish(proc, timeout=400)
+    assert proc.returncode == 0, output[-4000:]
+    folder = run_folder(output)
+    failed = json.loads((folder / "attempts/1/FAILED").read_text())
+    assert failed["node"] == "node3" and "host shutting down" in failed["reason"], failed
+    for node in ("node2", "node3"):
+        assert (folder / "attempts/1/nodes" / node / "launcher.log").stat().st_size > 0
+        status = json.loads((folder / "nodes" / node / "status.json").read_text())
+        assert status["attempt"] == 2 and status["state"] == "succeeded", status
+    metrics = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    assert [m["epoch"] for m in metrics if m["event"] == "epoch"] == list(range(12))
+    resumed = [m for m in metrics if m["event"] == "resume"]
+    assert len(resumed) == 1 and resumed[0]["epoch"] >= 1, resumed
+    assert "restart         attempt 1 failed on node3" in (folder / "summary.txt").read_text()
+    # Done: no launcher starts at the next boot.
+    assert {site.ssh(h, "systemctl is-enabled dglkit-job", check=False).stdout.strip() for h in workers(site)} == \
+        {"disabled"}
+    assert_clean(site)
+
+
+def test_stop_while_the_job_waits_for_a_host_to_come_back_stops_everything(site: Cluster, runs: Path) -> None:
+    proc = start_train(site, runs, *ENDLESS, "-e", "dgl_job_id=e2e-stop-down", "-e", "dgl_job_max_restarts=1",
+                       "-e", "dgl_job_restart_wait=600")
+    wait_for_epoch(site, "e2e-stop-down", "node3")
+    site.shutdown("node3")
+    wait_for_state(site, "e2e-stop-down", "node2", "restarting")
+    stop = site.playbook("playbooks/stop.yml", check=False)
+    assert stop.returncode != 0 and stop.recap["node3"]["unreachable"] == 1, stop.output[-3000:]
+    assert stop.recap["node2"]["changed"] > 0, stop.recap
+    output = finish(proc, timeout=180)
+    assert proc.returncode != 0 and "job e2e-stop-down was stopped on request" in flat(output), output[-4000:]
+    # The host that was down when the job stopped boots, its unit still enabled, and starts nothing of the job
+    # (a launcher that started would refuse the STOP file in unit.log).
+    unit_log = site.workspace / "jobs/e2e-stop-down/nodes/node3/unit.log"
+    logged = unit_log.read_text()
+    site.boot("node3")
+    assert site.ssh("node3", "systemctl is-enabled dglkit-job").stdout.strip() == "enabled"
+    time.sleep(5)
+    assert unit_log.read_text() == logged
+    assert_clean(site)
+    assert site.playbook("playbooks/stop.yml").changed_hosts() == ["node3"]
 
 
 def test_a_worker_host_that_stays_down_fails_the_job_naming_it(site: Cluster, runs: Path) -> None:

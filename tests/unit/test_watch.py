@@ -56,6 +56,24 @@ def test_a_node_whose_clock_is_off_is_not_stale(cli, finished_local_job, tmp_pat
     assert result["state"] == "running" and result["nodes"] == {"behind": "running", "ahead": "running"}, result
 
 
+def test_a_stop_while_the_job_restarts_is_a_stop(cli, finished_local_job, tmp_path):
+    """stop.yml while the launchers wait to restart (a node is down): the job is stopped, not restarting."""
+    job_dir = copy_job(finished_local_job, tmp_path)
+    (job_dir / "job.json").write_text(json.dumps({"max_restarts": 1}))
+    (job_dir / "FAILED").write_text(json.dumps({"node": "node0", "process": "launcher", "reason": "received SIGTERM",
+                                                "attempt": 1}))
+    code, result, _ = cli("watch", "--job-dir", job_dir, "--nodes", "node0", "--wait", 0)
+    assert result["state"] == "restarting" and result["failed_node"] == "node0", result
+    (job_dir / "STOP").write_text("stopped by playbooks/stop.yml\n")
+    started = time.time()
+    code, result, _ = cli("watch", "--job-dir", job_dir, "--nodes", "node0", "--wait", 30)
+    assert code == 0 and result["state"] == "stopped" and time.time() - started < 10, result
+    # With no restarts left the failure came first: the job failed.
+    (job_dir / "job.json").write_text(json.dumps({"max_restarts": 0}))
+    code, result, _ = cli("watch", "--job-dir", job_dir, "--nodes", "node0", "--wait", 0)
+    assert result["state"] == "failed" and result["failed_node"] == "node0", result
+
+
 def test_a_node_without_status_after_the_wait_fails_the_job(cli, finished_local_job, tmp_path):
     job_dir = copy_job(finished_local_job, tmp_path)
     started = time.time()
