@@ -40,13 +40,22 @@ RECAP_RE = re.compile(r"^(\S+)\s+:\s+((?:\w+=\d+\s*)+)$", re.M)
 E2E_TIMEOUT = 1200
 
 
+# The modules that share the training cluster (train_cluster); test_train.py runs after the others, whatever
+# the order on the command line, because its last tests take hosts down.
+TRAINING_MODULES = ("test_builtin_tasks.py", "test_own_programs.py", "test_train.py")
+NODE3_NAME = "node3.cluster.test"
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     here = Path(__file__).parent
-    for item in items:
-        if here in item.path.parents:
-            item.add_marker(pytest.mark.e2e)
-            if item.get_closest_marker("timeout") is None:
-                item.add_marker(pytest.mark.timeout(E2E_TIMEOUT))
+    mine = [i for i, item in enumerate(items) if here in item.path.parents]
+    for i in mine:
+        items[i].add_marker(pytest.mark.e2e)
+        if items[i].get_closest_marker("timeout") is None:
+            items[i].add_marker(pytest.mark.timeout(E2E_TIMEOUT))
+    ordered = sorted((items[i] for i in mine), key=lambda item: item.path.name == "test_train.py")
+    for i, item in zip(mine, ordered):
+        items[i] = item
 
 
 def testcluster(*args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -263,6 +272,32 @@ def cluster_factory() -> Iterator[Callable[..., Cluster]]:
     if not KEEP:
         for cluster in made:
             cluster.down()
+
+
+@pytest.fixture(scope="session")
+def train_cluster() -> Iterator[Cluster]:
+    """One 3-host cluster (node1 storage, node2 and node3 workers) for TRAINING_MODULES, stood up once with
+    site.yml; node3's cluster address is a host name that resolves on the controller alone (site.yml resolves
+    it once, and every playbook uses that address). Each test leaves every host clean for the next."""
+    if os.geteuid() != 0:
+        pytest.skip("test clusters need root")
+    cluster = Cluster((PREFIX + "train")[:24].rstrip("-"))
+    cluster.up(3, False, False)
+    try:
+        cluster.name_address(NODE3_NAME, cluster.hosts()["node3"])
+        (cluster.inventory / "host_vars").mkdir(exist_ok=True)
+        (cluster.inventory / "host_vars/node3.yml").write_text(f"dglkit_cluster_address: {NODE3_NAME}\n")
+        cluster.stand_up()
+        yield cluster
+    finally:
+        if not KEEP:
+            cluster.down()
+
+
+@pytest.fixture(scope="session")
+def train_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The run folder of every job on train_cluster."""
+    return tmp_path_factory.mktemp("runs")
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,7 @@
-"""The built-in tasks through playbooks/train.yml on one 3-host test cluster (node1 storage, node2 and node3
-workers): RGCN on the synthetic heterogeneous graph, and link prediction on the synthetic graph, each on 2
-workers with summary and curves in runs/<job id>/. The tests share the cluster and run in file order.
+"""The built-in tasks through playbooks/train.yml on the training cluster (node1 storage, node2 and node3
+workers; conftest.train_cluster, shared with test_own_programs and test_train): RGCN on the synthetic
+heterogeneous graph, and link prediction on the synthetic graph, each on 2 workers with summary and curves in
+runs/<job id>/. The tests share the cluster and run in file order.
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""playbooks/train.yml running the user's own program instead of the kit's trainer, on one 3-host test cluster
-(node1 storage, node2 and node3 workers): tests/programs/train_dist, written for DGL's tools/launch.py, with an
+"""playbooks/train.yml running the user's own program instead of the kit's trainer, on the training cluster
+(node1 storage, node2 and node3 workers; conftest.train_cluster): tests/programs/train_dist, written for DGL's tools/launch.py, with an
 extra requirement that only the wheelhouse has. The same program again is not copied again; a changed one runs
 as a new version; a program silent for longer than the stall timeout completes; a crashing one stops every
 node; bad input fails before anything starts.
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-# site (site.yml once per module) and runs are test_train's fixtures.
+# site and runs: the training cluster that test_builtin_tasks and test_train share (conftest.train_cluster).
 from test_train import assert_clean, flat, run_folder, runs, site, train  # noqa: F401
 
 if TYPE_CHECKING:

@@ -1,5 +1,6 @@
-"""playbooks/train.yml, status.yml and stop.yml on one 3-host test cluster (node1 storage, node2 and node3
-workers), stood up once with site.yml (firewall on, node3's cluster address given as a host name): training
+"""playbooks/train.yml, status.yml and stop.yml on the training cluster (node1 storage, node2 and node3
+workers; conftest.train_cluster: stood up once with site.yml, firewall on, node3's cluster address given as a
+host name; test_builtin_tasks and test_own_programs use it first): training
 across hosts with GraphBolt off and on, the same job again (changed=0), a job needing ports the firewall keeps
 closed, a resize to 3 workers and back, a trainer killed while the controller is away (restart from the
 checkpoint, then a new train.yml attaches), a server killed with no restarts (fails fast), an outsider on the
@@ -55,22 +56,17 @@ def probe(target):
 with ThreadPoolExecutor(32) as pool:
     print(json.dumps(dict(zip(sys.argv[1:], pool.map(probe, sys.argv[1:])))))
 """
-NODE3_NAME = "node3.cluster.test"
+
+
+# The training cluster and its run folder, shared with test_builtin_tasks and test_own_programs (conftest).
+@pytest.fixture(scope="module")
+def site(train_cluster: Cluster) -> Cluster:
+    return train_cluster
 
 
 @pytest.fixture(scope="module")
-def site(cluster: Cluster) -> Cluster:
-    # The name resolves on the controller alone: site.yml resolves it once, and every playbook uses that address.
-    cluster.name_address(NODE3_NAME, cluster.hosts()["node3"])
-    (cluster.inventory / "host_vars").mkdir(exist_ok=True)
-    (cluster.inventory / "host_vars/node3.yml").write_text(f"dglkit_cluster_address: {NODE3_NAME}\n")
-    cluster.stand_up()
-    return cluster
-
-
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("runs")
+def runs(train_runs: Path) -> Path:
+    return train_runs
 
 
 def train(cluster: Cluster, runs: Path, *args: str, check: bool = True):
