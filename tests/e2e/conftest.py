@@ -234,6 +234,9 @@ class Cluster:
         /dev/shm files, an active job unit."""
         script = base64.b64encode(LEFTOVERS.encode()).decode()
         found = json.loads(self.ssh(host, f"python3 -c 'import base64; exec(base64.b64decode(\"{script}\"))'").stdout)
+        # The job unit is a unit file: after a failure systemd shows it failed (for the admin), with nothing in it.
+        if found["unit"] == "failed":
+            found["unit"] = CLEAN["unit"]
         return {key: value for key, value in found.items() if value != CLEAN[key]}
 
     def ssh(self, host: str, command: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
