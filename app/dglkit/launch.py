@@ -78,6 +78,9 @@ STATUS_EVERY = 2.0
 # large graph or a busy machine that takes minutes, whatever --stall-timeout says.
 START_TIMEOUT = 600.0
 POLL = 0.5
+# A trainer that exits with an error may only have lost a peer that died on another node first; that node's
+# launcher notices within torchrun's monitor interval (1 s) and a poll, and its record names the cause.
+PEER_SETTLE = 3.0
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 
@@ -520,8 +523,20 @@ class Launcher:
                 log = self.logs[name]
                 if name == "trainers":
                     name, code, log = self.failed_trainer(code)
+                    if code > 0 and self.peer_failed_first():
+                        return True
                 self.fail(name, code, f"exited with {describe_exit(code)}", log)
                 return True
+        return False
+
+    def peer_failed_first(self) -> bool:
+        """Another node's failure of this attempt, recorded within PEER_SETTLE seconds (this node then stops as
+        for any other node's failure and leaves the record to it)."""
+        deadline = time.monotonic() + (PEER_SETTLE if len(self.nodes) > 1 else 0)
+        while time.monotonic() < deadline:
+            if self.failed_record() is not None:
+                return self.check_outside()
+            time.sleep(POLL)
         return False
 
     def failed_trainer(self, code: int) -> tuple[str, int, Path]:
