@@ -5,6 +5,7 @@ directory's conftest pytest loaded last."""
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 APP = Path(__file__).resolve().parents[2] / "app"
@@ -96,9 +97,21 @@ def assert_job_gone(job_dir: Path, ports: list[int], shm_before: set[str]) -> No
         except psutil.Error:
             pass
     assert not left, f"processes of the job still running: {left}"
-    listening = [c.laddr for c in psutil.net_connections(kind="tcp")
-                 if c.status == psutil.CONN_LISTEN and c.laddr.port in ports]
-    assert not listening, f"job ports still listening: {listening}"
+    # A port still listening 10 s after the launcher ended is left behind; its owner is named.
+    deadline = time.time() + 10
+    while True:
+        listening = [(c.laddr, c.pid) for c in psutil.net_connections(kind="tcp")
+                     if c.status == psutil.CONN_LISTEN and c.laddr.port in ports]
+        if not listening or time.time() > deadline:
+            break
+        time.sleep(0.5)
+    owners = {}
+    for _, pid in listening:
+        try:
+            owners[pid] = psutil.Process(pid).cmdline() if pid else "?"
+        except psutil.Error as error:
+            owners[pid] = repr(error)
+    assert not listening, f"job ports still listening: {listening}, owners {owners}"
     # Another test session's live DGL server may own new files; files nobody holds are the job's leftovers.
     held = set()
     for proc in psutil.process_iter():
