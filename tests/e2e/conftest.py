@@ -40,9 +40,8 @@ RECAP_RE = re.compile(r"^(\S+)\s+:\s+((?:\w+=\d+\s*)+)$", re.M)
 E2E_TIMEOUT = 1200
 
 
-# The modules that share the training cluster (train_cluster); test_train.py runs after the others, whatever
-# the order on the command line, because its last tests take hosts down.
-TRAINING_MODULES = ("test_builtin_tasks.py", "test_own_programs.py", "test_train.py")
+# test_builtin_tasks, test_own_programs and test_train share the training cluster (train_cluster);
+# test_train.py runs after the others, whatever the order on the command line: its last tests take hosts down.
 NODE3_NAME = "node3.cluster.test"
 
 
@@ -279,7 +278,7 @@ def cluster_factory() -> Iterator[Callable[..., Cluster]]:
 
 @pytest.fixture(scope="session")
 def train_cluster() -> Iterator[Cluster]:
-    """One 3-host cluster (node1 storage, node2 and node3 workers) for TRAINING_MODULES, stood up once with
+    """One 3-host cluster (node1 storage, node2 and node3 workers) for the training modules, stood up once with
     site.yml; node3's cluster address is a host name that resolves on the controller alone (site.yml resolves
     it once, and every playbook uses that address). Each test leaves every host clean for the next."""
     if os.geteuid() != 0:

@@ -28,7 +28,6 @@ def free_ports(count: int) -> int:
     raise RuntimeError("no free port range found")
 
 
-
 def build(*args: object) -> None:
     """The CLI in this process (a child would spend seconds importing dgl again); it must exit 0."""
     from dglkit.__main__ import main
