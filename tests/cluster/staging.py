@@ -165,6 +165,13 @@ def build_wheelhouse() -> Path:
     return dest
 
 
+def venv_seed(host_python: str) -> Path:
+    """Where a venv that site.yml built for the current pins on hosts of `host_python` (`python3 -V`) is kept,
+    so that later test hosts start from it (tests/e2e/conftest.py keeps it, the VM tier mounts it)."""
+    pins = "".join(path.read_text() for path in sorted((REPO_ROOT / "app" / "requirements").glob("*.txt")))
+    return CACHE / "venv-seed" / hashlib.sha256(f"{host_python}\n{pins}".encode()).hexdigest()[:16]
+
+
 def stage() -> dict[str, Path]:
     root = host_root()
     return {"root": root, "aptrepo": build_aptrepo(root), "wheelhouse": build_wheelhouse()}

@@ -7,7 +7,6 @@ set DGLKIT_KEEP_CLUSTERS=1 to keep them for debugging (`testcluster.py status` l
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
 import os
 import re
@@ -24,6 +23,8 @@ import yaml
 from jobhelpers import CLEAN, LEFTOVERS, with_names
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tests" / "cluster"))
+import staging  # noqa: E402  (tests/cluster is no package)
 TESTCLUSTER = REPO / "tests" / "cluster" / "testcluster.py"
 STATE = Path("/var/lib/dglkit-testcluster")
 KEEP = os.environ.get("DGLKIT_KEEP_CLUSTERS") == "1"
@@ -31,8 +32,6 @@ KEEP = os.environ.get("DGLKIT_KEEP_CLUSTERS") == "1"
 PREFIX = os.environ.get("DGLKIT_CLUSTER_PREFIX", "")
 # The controller tools of the environment pytest runs in (.venv/bin).
 BIN = Path(sys.executable).parent
-# Venvs that site.yml built, kept for later clusters of the same pins (tests/e2e/conftest.py, Cluster.stand_up).
-VENV_SEEDS = Path("/var/cache/dglkit/venv-seed")
 RECAP_RE = re.compile(r"^(\S+)\s+:\s+((?:\w+=\d+\s*)+)$", re.M)
 
 
@@ -218,9 +217,7 @@ class Cluster:
         partial.rename(seed)
 
     def venv_seed(self) -> Path:
-        python = self.ssh(next(iter(self.hosts())), "python3 -V").stdout.strip()
-        pins = "".join(path.read_text() for path in sorted((REPO / "app" / "requirements").glob("*.txt")))
-        return VENV_SEEDS / hashlib.sha256(f"{python}\n{pins}".encode()).hexdigest()[:16]
+        return staging.venv_seed(self.ssh(next(iter(self.hosts())), "python3 -V").stdout.strip())
 
     def ansible(self, pattern: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
         """An ad-hoc `ansible PATTERN ARGS...` against the cluster's inventory; the caller checks the result."""

@@ -1,4 +1,4 @@
-"""The VM tier: one set of qemu VMs (node1 storage, node2 and node3 workers) for the session, torn down at the end."""
+"""The VM tier: one set of qemu VMs (node1 storage and worker, node2 worker) for the session, torn down at the end."""
 from __future__ import annotations
 
 import sys
@@ -8,9 +8,10 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import vmlab  # noqa: E402
+import staging  # noqa: E402  (on the path since vmlab: tests/cluster is no package)
 
-HOSTS = ["node1", "node2", "node3"]  # node1 is the storage host
-# Per test, its share of the session's VM boot included: TCG emulation boots three VMs in minutes.
+HOSTS = ["node1", "node2"]  # node1 is the storage host
+# Per test, its share of the session's VM boot included: under TCG emulation the first site.yml takes many minutes.
 VM_TIMEOUT = 2700
 
 
@@ -23,11 +24,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(scope="session")
 def lab() -> dict:
-    """The running VMs: {"hosts": {name: {"ip", "pid"}}, "accel", "boot_seconds"}."""
+    """The running VMs: {"hosts": {name: {"ip", "pid"}}, "accel", "boot_seconds"}. The storage VM's workspace
+    disk holds the venv that the e2e tier's site.yml built, so that this tier's site.yml runs whole."""
+    seed = staging.venv_seed(vmlab.host_python())
+    if not seed.is_dir():
+        pytest.fail(f"no venv seed for the VMs at {seed}: the e2e tier builds it (make test-e2e, or at least "
+                    "pytest tests/e2e/test_site.py), and `make test` runs that tier first")
     if vmlab.STATE.exists():
         print(f"removing the VM lab an earlier run left in {vmlab.STATE}", file=sys.stderr)
         vmlab.down()
-    state = vmlab.up(HOSTS, timeout=420)
+    state = vmlab.up(HOSTS, timeout=420, workspace_venv=seed, storage_is_worker=True)
     print(f"VM lab: {len(HOSTS)} VMs ({state['accel']}) to SSH in {state['boot_seconds']} s", file=sys.stderr)
     yield state
     vmlab.down()

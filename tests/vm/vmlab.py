@@ -3,6 +3,7 @@
 
     python3 tests/vm/vmlab.py image                         build the cached disk image (no-op when current)
     python3 tests/vm/vmlab.py up --hosts node1,node2,node3  boot VMs (node1: storage), wait for SSH, write an inventory
+        [--storage-is-worker] [--workspace-venv DIR]        node1 trains too; give it a workspace disk with DIR as venv/
     python3 tests/vm/vmlab.py down                          stop the VMs, remove taps, namespace and overlays
 
 The image is a raw ext4 disk made from a debootstrap root; its kernel is booted directly (-kernel/-initrd).
@@ -10,6 +11,9 @@ Each VM runs on its own qcow2 overlay of that image and gets its identity (host 
 the controller's key) from a small seed disk read once at first boot. The VMs sit on a bridge in the network
 namespace `dglkit-vm`, which has no uplink; the controller reaches them through a veth whose only route is
 the VM subnet. The staged apt repository is shared read-only over virtio-9p at /opt/dglkit-offline/apt.
+With --workspace-venv the storage VM's workspace (/srv/dglkit) is a disk of its own, as on a storage host with a
+data disk, that already holds the pinned venv which site.yml built on earlier test hosts (tests/cluster/staging.py
+venv_seed): installing several GB of wheels under emulation would take most of an hour.
 VMs run under KVM when a probe boot shows that it works, else under TCG emulation; DGLKIT_VM_ACCEL=tcg|kvm
 skips the probe (15 s where /dev/kvm hangs a kernel).
 """
@@ -36,8 +40,10 @@ import staging  # noqa: E402  (tests/cluster is no package)
 RECIPE = HERE / "image"
 CACHE = staging.CACHE / "vm"
 STATE = Path("/var/lib/dglkit-vmlab")
-# What a VM needs beyond the nspawn hosts' root: its own kernel, and udev for its disks.
-VM_PACKAGES = ["linux-image-amd64", "udev"]
+# What a VM needs beyond the nspawn hosts' root: its own kernel, and udev for its disks. And two packages that
+# site.yml would install: dpkg takes minutes per package under emulation, and the e2e tier (nspawn hosts) tests
+# their install from the staged repository.
+VM_PACKAGES = ["linux-image-amd64", "udev", "python3-venv", "nftables"]
 # An initrd with just what finds the root disk: a fifth of the default size, which TCG unpacks much faster.
 VM_FINISH = """
 echo MODULES=list > etc/initramfs-tools/conf.d/dglkit-vm.conf
@@ -48,10 +54,14 @@ NETNS, BRIDGE, VETH = "dglkit-vm", "br0", "dglkitvm"
 SUBNET = "10.78.0"  # the nspawn harness uses another /24
 CONTROLLER_IP = f"{SUBNET}.1"
 FIRST_HOST = 11
-MEMORY_MB = 768
+# A DGL server and a trainer (torch imported in each) on a worker; the job's prepare and partition on storage.
+MEMORY_MB = 2048
 MAX_HOSTS = 8  # a few hundred MB each, and every one a busy emulated CPU
 HOST_NAME = re.compile(r"[a-z][a-z0-9-]{0,30}")
 APT_LINE = "deb [trusted=yes] file:/opt/dglkit-offline/apt ./"
+WORKSPACE = "/srv/dglkit"  # the kit's default dglkit_workspace
+WORKSPACE_DISKS = staging.CACHE / "vm-workspace"
+WORKSPACE_LABEL = "dglkit-ws"
 
 
 def run(cmd: list, **kwargs) -> subprocess.CompletedProcess:
@@ -102,6 +112,30 @@ def build_image() -> Path:
     work.rename(out)
     print(f"vmlab: image {out} built in {time.monotonic() - started:.0f} s", file=sys.stderr)
     return out
+
+
+def host_python() -> str:
+    """`python3 -V` of the VMs' Debian: with the pins, it names the venv seed that fits them."""
+    return run(["chroot", vm_root(), "python3", "-V"]).stdout.strip()
+
+
+def workspace_disk(venv: Path) -> Path:
+    """A raw ext4 disk holding `venv` as venv/ and room for a small job's data, built once per venv."""
+    disk = WORKSPACE_DISKS / f"{venv.name}.raw"
+    if disk.exists():
+        return disk
+    started = time.monotonic()
+    shutil.rmtree(WORKSPACE_DISKS, ignore_errors=True)
+    tree = WORKSPACE_DISKS / "build"
+    tree.mkdir(parents=True)
+    run(["cp", "-al", venv, tree / "venv"])
+    size_mb = int(run(["du", "-sm", tree]).stdout.split()[0]) + 3072
+    partial = disk.with_suffix(".partial")
+    run(["mkfs.ext4", "-q", "-L", WORKSPACE_LABEL, "-d", tree, partial, f"{size_mb}M"])
+    shutil.rmtree(tree)
+    partial.rename(disk)
+    print(f"vmlab: workspace disk {disk} built in {time.monotonic() - started:.0f} s", file=sys.stderr)
+    return disk
 
 
 def kvm_boots(image: Path) -> bool:
@@ -200,7 +234,8 @@ def setup_network() -> None:
     run(["ip", "link", "set", VETH, "up"])
 
 
-def start_vm(index: int, host: str, image: Path, aptrepo: Path, accel: str, controller_pub: str) -> dict:
+def start_vm(index: int, host: str, image: Path, aptrepo: Path, accel: str, controller_pub: str,
+             data_disk: Path | None) -> dict:
     vm_dir = STATE / "vms" / host
     vm_dir.mkdir(parents=True)
     ip = address(index)
@@ -212,6 +247,11 @@ def start_vm(index: int, host: str, image: Path, aptrepo: Path, accel: str, cont
     seed.write_bytes(seed_archive(host, ip, host_key, controller_pub))
     overlay = vm_dir / "disk.qcow2"
     run(["qemu-img", "create", "-q", "-f", "qcow2", "-F", "raw", "-b", image / "disk.raw", overlay])
+    data_drive = []
+    if data_disk:
+        data_overlay = vm_dir / "data.qcow2"
+        run(["qemu-img", "create", "-q", "-f", "qcow2", "-F", "raw", "-b", data_disk, data_overlay])
+        data_drive = ["-drive", f"file={data_overlay},if=virtio,format=qcow2"]
     tap = f"vm{index}"
     run(["ip", "-n", NETNS, "tuntap", "add", "dev", tap, "mode", "tap"])
     run(["ip", "-n", NETNS, "link", "set", tap, "master", BRIDGE, "up"])
@@ -221,7 +261,7 @@ def start_vm(index: int, host: str, image: Path, aptrepo: Path, accel: str, cont
          "-kernel", image / "vmlinuz", "-initrd", image / "initrd.img",
          "-append", "root=/dev/vda rw console=ttyS0 net.ifnames=0 quiet mitigations=off",
          "-drive", f"file={overlay},if=virtio,format=qcow2",
-         "-drive", f"file={seed},if=virtio,format=raw,readonly=on",
+         "-drive", f"file={seed},if=virtio,format=raw,readonly=on", *data_drive,
          "-netdev", f"tap,id=net0,ifname={tap},script=no,downscript=no",
          "-device", f"virtio-net-pci,netdev=net0,mac=52:54:00:78:00:{FIRST_HOST + index:02x}",
          "-virtfs", f"local,path={aptrepo},mount_tag=aptrepo,security_model=none,readonly=on",
@@ -248,14 +288,16 @@ def wait_for_ssh(hosts: dict, timeout: float) -> None:
         time.sleep(2)
 
 
-def write_inventory(hosts: dict) -> None:
-    """An inventory of the kit's groups: the first host is the storage host, the others are workers."""
+def write_inventory(hosts: dict, storage_is_worker: bool) -> None:
+    """An inventory of the kit's groups: the first host is the storage host, the others (and with
+    storage_is_worker the first too) are workers."""
     names = list(hosts)
+    workers = names if storage_is_worker else names[1:]
     inventory = STATE / "inventory"
     (inventory / "group_vars/all").mkdir(parents=True)
     spec = {"all": {"children": {"cluster": {"children": {
         "storage": {"hosts": {names[0]: {"ansible_host": hosts[names[0]]["ip"]}}},
-        "workers": {"hosts": {n: {"ansible_host": hosts[n]["ip"]} for n in names[1:]}}}}}}}
+        "workers": {"hosts": {n: {"ansible_host": hosts[n]["ip"]} for n in workers}}}}}}}
     (inventory / "hosts.yml").write_text(json.dumps(spec, indent=2) + "\n")
     settings = {"ansible_user": "root", "ansible_ssh_private_key_file": str(STATE / "ssh/id_ed25519"),
                 "ansible_ssh_common_args": " ".join(ssh_options()), "ansible_python_interpreter": "/usr/bin/python3",
@@ -263,10 +305,17 @@ def write_inventory(hosts: dict) -> None:
     (inventory / "group_vars/all/vmlab.yml").write_text(json.dumps(settings, indent=2) + "\n")
 
 
-def up(host_names: list[str], timeout: float) -> dict:
+def mount_workspace(host: str) -> None:
+    """Mounts the workspace disk where the kit expects the workspace, now and at every boot."""
+    ssh(host, f"mkdir -p {WORKSPACE} && echo 'LABEL={WORKSPACE_LABEL} {WORKSPACE} ext4 defaults 0 2' >> /etc/fstab "
+              f"&& systemctl daemon-reload && mount {WORKSPACE}")
+
+
+def up(host_names: list[str], timeout: float, workspace_venv: Path | None = None, storage_is_worker: bool = False) -> dict:
     if STATE.exists():
         raise RuntimeError(f"a VM lab is already up ({STATE} exists): run vmlab.py down first")
     image = build_image()
+    data_disk = workspace_disk(workspace_venv) if workspace_venv else None
     accel = accelerator(image)
     (STATE / "ssh").mkdir(parents=True)
     hosts: dict = {}
@@ -281,12 +330,14 @@ def up(host_names: list[str], timeout: float) -> dict:
         setup_network()
         started = time.monotonic()
         for index, host in enumerate(host_names):
-            hosts[host] = start_vm(index, host, image, aptrepo, accel, controller_pub)
+            hosts[host] = start_vm(index, host, image, aptrepo, accel, controller_pub, data_disk if index == 0 else None)
             (STATE / "lab.json").write_text(json.dumps(state, indent=2))
         wait_for_ssh(hosts, timeout)
         state["boot_seconds"] = round(time.monotonic() - started, 1)
         (STATE / "lab.json").write_text(json.dumps(state, indent=2))
-        write_inventory(hosts)
+        if data_disk:
+            mount_workspace(host_names[0])
+        write_inventory(hosts, storage_is_worker)
     except BaseException:
         down()
         raise
@@ -350,6 +401,8 @@ def main() -> None:
     up_parser = sub.add_parser("up", help="boot VMs (the first is the storage host) and wait for SSH")
     up_parser.add_argument("--hosts", default="node1,node2,node3", help="comma-separated host names")
     up_parser.add_argument("--timeout", type=float, default=420, help="seconds to wait for SSH")
+    up_parser.add_argument("--workspace-venv", type=Path, help="a venv for the storage VM's workspace disk")
+    up_parser.add_argument("--storage-is-worker", action="store_true", help="the storage VM is a worker too")
     sub.add_parser("down", help="stop the VMs and remove everything `up` created")
     args = parser.parse_args()
     if os.geteuid() != 0:
@@ -363,7 +416,7 @@ def main() -> None:
             if bad or len(set(names)) != len(names) or not 1 <= len(names) <= MAX_HOSTS:
                 parser.error(f"--hosts {args.hosts!r}: give 1 to {MAX_HOSTS} distinct names of a-z, 0-9 and '-' "
                              "(not the group names storage, workers, cluster), comma-separated")
-            print(json.dumps(up(names, args.timeout)))
+            print(json.dumps(up(names, args.timeout, args.workspace_venv, args.storage_is_worker)))
         else:
             down()
     except RuntimeError as err:
