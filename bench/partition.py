@@ -96,7 +96,8 @@ def record(rows: list, size: str, stage: str, num_parts: int | None, graphbolt: 
     if manifest:
         figures.update(timings=manifest["timings"], manifest_peak_rss_mb=manifest["peak_rss_mb"],
                        edge_cut=manifest["edge_cut"]["fraction"], num_nodes=manifest["num_nodes"],
-                       num_edges=manifest["num_edges"], part_nodes=[p["nodes"] for p in manifest["parts"]])
+                       num_edges=manifest["num_edges"], part_nodes=[p["nodes"] for p in manifest["parts"]],
+                       builders=manifest.get("builders"))
     params = {"size": size, "stage": stage, "num_parts": num_parts, "graphbolt": graphbolt, "run": run,
               "argv": cmd[1:], "builder": builder}
     line = benchlib.append("partition", {"params": params, "figures": figures})
@@ -112,6 +113,8 @@ def print_table(rows: list[dict]) -> None:
         p = row["params"]
         # Rows from before the lean builder existed are partition_graph's.
         builder = p.get("builder") or ("dgl" if p["stage"] == "partition" else "-")
+        at_once = row["figures"].get("builders") or 1  # parts the lean builder built at once
+        builder += f" ({at_once} at once)" if at_once > 1 else ""
         groups.setdefault((p["size"], p["stage"], builder, p["num_parts"], p["graphbolt"]), []).append(row)
     out = []
     for (size, stage, builder, num_parts, gb), lines in groups.items():

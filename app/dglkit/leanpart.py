@@ -22,6 +22,7 @@ import json
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -43,6 +44,15 @@ def assign_in_child(graph_file: Path, out: Path, num_parts: int, method: str, ba
         raise RuntimeError(f"the METIS assignment process exited {proc.returncode}: {proc.stderr[-2000:]}")
 
 
+def stable_sort(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted values and the stable order, as numpy's argsort(kind="stable"): torch's radix sort of integers
+    on every core."""
+    import torch
+
+    result = torch.sort(torch.from_numpy(values), stable=True)
+    return result.values.numpy(), result.indices.numpy()
+
+
 def undirected_pairs(src: np.ndarray, dst: np.ndarray, num_nodes: int) -> np.ndarray:
     """Each distinct non-loop edge once, as low * num_nodes + high, sorted."""
     keys = np.empty(len(src), np.int64)
@@ -51,7 +61,7 @@ def undirected_pairs(src: np.ndarray, dst: np.ndarray, num_nodes: int) -> np.nda
         s, d = src[begin:begin + step], dst[begin:begin + step]
         keys[begin:begin + step] = np.minimum(s, d) * num_nodes + np.maximum(s, d)
         keys[begin:begin + step][s == d] = -1
-    keys.sort()
+    keys = stable_sort(keys)[0]
     distinct = np.empty(len(keys), bool)
     distinct[:1] = True
     np.not_equal(keys[1:], keys[:-1], out=distinct[1:])
@@ -74,17 +84,16 @@ def symmetric_graph(pairs: np.ndarray, num_nodes: int):
     # Column v holds first the high ends of pairs (v, h), which `low` being sorted keeps together, then the
     # low ends of pairs (l, v), grouped by a stable sort on `high`. Slices keep the temporaries small.
     starts_low = np.cumsum(from_low) - from_low
-    by_high = np.argsort(high, kind="stable")
+    sorted_high, by_high = stable_sort(high)
     starts_high = np.cumsum(from_high) - from_high
     step = 1 << 24
     for begin in range(0, len(pairs), step):
         rank = np.arange(begin, min(begin + step, len(pairs)))
         v = low[begin:begin + step]
         indices[indptr[v] + rank - starts_low[v]] = high[begin:begin + step]
-        order = by_high[begin:begin + step]
-        v = high[order]
-        indices[indptr[v] + from_low[v] + rank - starts_high[v]] = low[order]
-    del low, high, by_high
+        v = sorted_high[begin:begin + step]
+        indices[indptr[v] + from_low[v] + rank - starts_high[v]] = low[by_high[begin:begin + step]]
+    del low, high, sorted_high, by_high
     return dgl.graph(("csc", (torch.from_numpy(indptr), torch.from_numpy(indices), torch.zeros(0, dtype=torch.int64))),
                      num_nodes=num_nodes, idtype=torch.int64)
 
@@ -173,8 +182,9 @@ class Layout:
 
 
 def build(graph_file: Path, assignment: np.ndarray, out: Path, graph_name: str,
-          num_parts: int, part_method: str) -> dict[str, Any]:
-    """Write the parts one at a time on this host; return the manifest's counts and edge cut."""
+          num_parts: int, part_method: str, builders: int = 1) -> dict[str, Any]:
+    """Write the parts on this host, `builders` at a time (threads: numpy and DGL release the GIL for their
+    work on whole arrays); return the manifest's counts and edge cut."""
     import dgl
 
     (graph,), _ = dgl.load_graphs(str(graph_file))
@@ -182,8 +192,12 @@ def build(graph_file: Path, assignment: np.ndarray, out: Path, graph_name: str,
     ndata = {name: tensor.numpy() for name, tensor in graph.ndata.items()}
     del graph
     layout = Layout.of(assignment, dst, num_parts)
-    parts = [build_part(out, p, layout, src, dst, lambda owned: {name: array[owned] for name, array in ndata.items()})
-             for p in range(num_parts)]
+
+    def build_one(p: int) -> dict[str, int]:
+        return build_part(out, p, layout, src, dst, lambda owned: {name: array[owned] for name, array in ndata.items()})
+
+    with ThreadPoolExecutor(builders) as pool:
+        parts = list(pool.map(build_one, range(num_parts)))
     return finish(out, layout, src, graph_name, part_method, parts)
 
 
@@ -191,19 +205,27 @@ def build_part(out: Path, p: int, layout: Layout, src: np.ndarray, dst: np.ndarr
                node_rows: Callable[[np.ndarray], dict[str, np.ndarray]]) -> dict[str, int]:
     """Write part p (owned nodes, their in-edges and, as partition_graph does for one hop, the owned nodes'
     edges into halo nodes, marked not inner) and return its counts. node_rows(owned) gives every node data's
-    rows of the owned nodes (sorted original IDs)."""
+    rows of the owned nodes (sorted original IDs): written first, so that they are not held beside the graph."""
+    import torch
+    from dgl.data.utils import save_tensors
+
+    part_dir = out / f"part{p}"
+    part_dir.mkdir()
+    owned = layout.orig_nids[layout.node_starts[p]:layout.node_starts[p + 1]]
+    rows = node_rows(owned)
+    train_nodes = int(np.count_nonzero(rows.get("train_mask", ())))
+    save_tensors(str(part_dir / "node_feat.dgl"), {f"_N/{name}": torch.from_numpy(array) for name, array in rows.items()})
+    save_tensors(str(part_dir / "edge_feat.dgl"), {})
+    del rows
     num_nodes = len(layout.part)
     inner_eids = np.flatnonzero(layout.dst_part == p)
-    owned = layout.orig_nids[layout.node_starts[p]:layout.node_starts[p + 1]]
     member = np.zeros(num_nodes, bool)
     member[owned] = True
     member[src[inner_eids]] = True  # one hop: the sources of the owned nodes' in-edges
     halo = np.sort(layout.new_nids[np.flatnonzero(member & (layout.part != p))])
     outer_eids = np.flatnonzero((layout.dst_part != p) & member[dst] & (layout.part[src] == p))
-    rows = node_rows(owned)
-    write_part(out / f"part{p}", p, owned, halo, inner_eids, outer_eids, src, dst, layout, rows)
-    train = rows.get("train_mask", ())
-    return {"part": p, "nodes": len(owned), "edges": len(inner_eids), "train_nodes": int(np.count_nonzero(train)),
+    write_graph(part_dir, p, owned, halo, inner_eids, outer_eids, src, dst, layout)
+    return {"part": p, "nodes": len(owned), "edges": len(inner_eids), "train_nodes": train_nodes,
             "halo_nodes": len(halo)}
 
 
@@ -235,16 +257,12 @@ def finish(out: Path, layout: Layout, src: np.ndarray, graph_name: str, part_met
             "edge_cut": {"count": cut, "fraction": round(cut / max(num_edges, 1), 6)}}
 
 
-def write_part(part_dir: Path, p: int, owned: np.ndarray, halo: np.ndarray, inner_eids: np.ndarray,
-               outer_eids: np.ndarray, src: np.ndarray, dst: np.ndarray, layout: Layout,
-               rows: dict[str, np.ndarray]) -> None:
-    """One part's graph.dgl, node_feat.dgl (`rows`: the owned nodes' node data) and (empty) edge_feat.dgl.
-    `halo` holds new node IDs."""
+def write_graph(part_dir: Path, p: int, owned: np.ndarray, halo: np.ndarray, inner_eids: np.ndarray,
+                outer_eids: np.ndarray, src: np.ndarray, dst: np.ndarray, layout: Layout) -> None:
+    """One part's graph.dgl: inner edges, then the outer ones. `halo` holds new node IDs."""
     import dgl
     import torch
-    from dgl.data.utils import save_tensors
 
-    part_dir.mkdir()
     orig_nids, part, dst_part, edge_starts = layout.orig_nids, layout.part, layout.dst_part, layout.edge_starts
     node_start = int(layout.node_starts[p])
     halo_orig = orig_nids[halo]
@@ -260,23 +278,29 @@ def write_part(part_dir: Path, p: int, owned: np.ndarray, halo: np.ndarray, inne
         outer_new[which] = edge_starts[q] + np.searchsorted(np.flatnonzero(dst_part == q), outer_eids[which])
     order = np.argsort(outer_new)
     outer_eids, outer_new = outer_eids[order], outer_new[order]
-    eids = np.concatenate([inner_eids, outer_eids])
-    graph = dgl.graph((torch.from_numpy(local[src[eids]]), torch.from_numpy(local[dst[eids]])),
-                      num_nodes=len(owned) + len(halo), idtype=torch.int64)
-    del eids, local
+    num_inner = len(inner_eids)
+    new_eids = np.empty(num_inner + len(outer_eids), np.int64)
+    new_eids[:num_inner] = np.arange(edge_starts[p], edge_starts[p] + num_inner)
+    new_eids[num_inner:] = outer_new
+    # The ends' local IDs, gathered a slice at a time (no whole-part temporaries).
+    ends = np.empty((2, len(new_eids)), np.int64)
+    step = 1 << 22
+    for offset, eids in ((0, inner_eids), (num_inner, outer_eids)):
+        for begin in range(0, len(eids), step):
+            chunk = eids[begin:begin + step]
+            ends[:, offset + begin:offset + begin + len(chunk)] = local[src[chunk]], local[dst[chunk]]
+    del local
+    graph = dgl.graph((torch.from_numpy(ends[0]), torch.from_numpy(ends[1])), num_nodes=len(owned) + len(halo),
+                      idtype=torch.int64)
     graph.ndata[dgl.NID] = torch.from_numpy(np.concatenate([np.arange(node_start, node_start + len(owned)), halo]))
     graph.ndata["inner_node"] = torch.from_numpy(
         np.concatenate([np.ones(len(owned), np.uint8), np.zeros(len(halo), np.uint8)]))
     graph.ndata["part_id"] = torch.from_numpy(
         np.concatenate([np.full(len(owned), p, np.int64), part[halo_orig].astype(np.int64)]))
-    inner_new = np.arange(edge_starts[p], edge_starts[p] + len(inner_eids))
-    graph.edata[dgl.EID] = torch.from_numpy(np.concatenate([inner_new, outer_new]))
+    graph.edata[dgl.EID] = torch.from_numpy(new_eids)
     graph.edata["inner_edge"] = torch.from_numpy(
-        np.concatenate([np.ones(len(inner_eids), np.uint8), np.zeros(len(outer_eids), np.uint8)]))
+        np.concatenate([np.ones(num_inner, np.uint8), np.zeros(len(outer_eids), np.uint8)]))
     dgl.save_graphs(str(part_dir / "graph.dgl"), [graph])
-    del graph
-    save_tensors(str(part_dir / "node_feat.dgl"), {f"_N/{name}": torch.from_numpy(array) for name, array in rows.items()})
-    save_tensors(str(part_dir / "edge_feat.dgl"), {})
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from dglkit.common import UserError, emit_result, peak_rss_mb, read_json, write_json
-from dglkit.resources import GB, MEMORY_HELP, check_fits, memory_estimate
+from dglkit.resources import GB, MEMORY_HELP, check_fits, lean_builders, memory_estimate
 
 DISTRIBUTED_STEPS = ("assign", "part", "finish")
 ASSIGNMENT = "assignment.npy"
@@ -86,9 +86,10 @@ def run(args: argparse.Namespace) -> int:
     spread = (f"build the parts on the workers: --builder distributed (Ansible: dgl_job_partition_builder: "
               f"distributed), about {storage_gb:.1f} GB here and {worker_gb:.1f} GB on each worker")
     stage = "assign" if args.builder == "distributed" else args.builder
+    builders = lean_builders(*sizes, args.num_parts, args.memory_gb) if args.builder == "lean" else 1
     estimates = check_fits(
         f"{what} (--builder {args.builder}{' --step assign' if args.step else ''})",
-        memory_estimate(stage, *sizes, args.num_parts),
+        memory_estimate(stage, *sizes, args.num_parts, builders),
         dataset["graph_bytes"] * (3 if args.graphbolt else 2), out, args.memory_gb, ways_out=(
             "partition on a storage host with more memory (the inventory's storage group), "
             + ("use --builder lean (a fraction of partition_graph's memory), " if args.builder == "dgl" else "")
@@ -99,14 +100,14 @@ def run(args: argparse.Namespace) -> int:
     out.mkdir(parents=True)
     manifest = {"complete": False, "dataset_dir": str(args.dataset_dir.resolve()),
                 "dataset_fingerprint": dataset["fingerprint"], "parameters": params, "graphbolt": False,
-                "part_config": part_config.name, "num_parts": args.num_parts, **estimates}
+                "part_config": part_config.name, "num_parts": args.num_parts, "builders": builders, **estimates}
     write_json(manifest_path, manifest)  # marks the directory as ours, incomplete until the end
     timings: dict[str, float] = {}
     if args.builder == "distributed":
         distributed_assign(args, dataset, out, manifest, timings)
         return 0
     if args.builder == "lean":
-        lean_partition(args, graph_file, out, manifest, timings)
+        lean_partition(args, graph_file, out, manifest, timings, builders)
     else:
         dgl_partition(args, graph_file, out, part_config, manifest, timings)
     if args.graphbolt:
@@ -139,7 +140,7 @@ def check_arguments(args: argparse.Namespace, dataset: dict[str, Any]) -> None:
 
 
 def lean_partition(args: argparse.Namespace, graph_file: Path, out: Path, manifest: dict[str, Any],
-                   timings: dict[str, float]) -> None:
+                   timings: dict[str, float], builders: int) -> None:
     from dglkit import leanpart
 
     start = time.perf_counter()
@@ -148,7 +149,7 @@ def lean_partition(args: argparse.Namespace, graph_file: Path, out: Path, manife
     timings["assign_s"] = lap(start)
     start = time.perf_counter()
     manifest.update(leanpart.build(graph_file, np.load(out / ASSIGNMENT), out, args.graph_name,
-                                   args.num_parts, args.part_method))
+                                   args.num_parts, args.part_method, builders))
     (out / ASSIGNMENT).unlink()
     timings["build_s"] = lap(start)
 

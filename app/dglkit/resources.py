@@ -5,6 +5,7 @@ The per-edge and per-node figures are peak resident memory measured with bench/p
 bench/partition_memory.py on synthetic graphs of 2.4M to 123.7M edges (BENCHMARKS.md), rounded up.
 """
 
+import os
 import shutil
 from pathlib import Path
 
@@ -21,17 +22,36 @@ PER_EDGE = {"prepare": 20, "lean": 60, "dgl": 215, "assign": 60, "part": 30}
 FEATURE_COPIES = {"prepare": 2, "lean": 1.2, "dgl": 2, "assign": 1, "part": 1.2}
 # Parts are balanced to within 3% in nodes (BENCHMARKS.md): a part's share of the nodes, with room.
 PART_SHARE = 1.1
+# The lean builder's parent process after METIS: the graph's structure (src, dst, each edge's part) ...
+LEAN_GRAPH_PER_EDGE = 24
+# ... and, for each part it is building (`builders` at once), bytes per edge of that part.
+LEAN_PART_PER_EDGE = 50
 
 
-def memory_estimate(stage: str, num_nodes: int, num_edges: int, feat_dim: int, num_parts: int = 1) -> int:
-    """Peak bytes of `prepare` (stage "prepare"), `partition --builder lean|dgl`, or a step of
-    `partition --builder distributed`: "assign" (the storage host) and "part" (each worker, for num_parts)."""
+def memory_estimate(stage: str, num_nodes: int, num_edges: int, feat_dim: int, num_parts: int = 1,
+                    builders: int = 1) -> int:
+    """Peak bytes of `prepare` (stage "prepare"), `partition --builder lean|dgl` (lean: building `builders`
+    parts at once), or a step of `partition --builder distributed`: "assign" (the storage host) and "part"
+    (each worker, for num_parts)."""
     node_bytes = num_nodes * (4 * feat_dim + 11)  # float32 features, int64 labels, three masks
     if stage == "assign":  # no node data: vertex weights and METIS' own arrays
         node_bytes = 40 * num_nodes
     elif stage == "part":  # this part's rows only, and the node ID maps
         node_bytes = node_bytes * min(1.0, PART_SHARE / num_parts) + 40 * num_nodes
-    return int(BASE + PER_EDGE[stage] * num_edges + FEATURE_COPIES[stage] * node_bytes)
+    peak = BASE + PER_EDGE[stage] * num_edges + FEATURE_COPIES[stage] * node_bytes
+    if stage == "lean":  # the METIS child, or the parent building the parts, whichever holds more
+        parts = builders * LEAN_PART_PER_EDGE * num_edges * PART_SHARE / num_parts
+        peak = max(peak, BASE + LEAN_GRAPH_PER_EDGE * num_edges + node_bytes + parts)
+    return int(peak)
+
+
+def lean_builders(num_nodes: int, num_edges: int, feat_dim: int, num_parts: int, memory_gb: float | None) -> int:
+    """Parts the lean builder builds at once: one per core, as many as the memory holds (at least one; the
+    check of one builder's estimate refuses what does not fit). memory_gb as check_fits takes it."""
+    have = host_memory()[0] if memory_gb is None else (memory_gb * GB if memory_gb else float("inf"))
+    most = min(len(os.sched_getaffinity(0)), num_parts)
+    return max([k for k in range(1, most + 1)
+                if memory_estimate("lean", num_nodes, num_edges, feat_dim, num_parts, k) <= have], default=1)
 
 
 def host_memory() -> tuple[int, str]:

@@ -1,6 +1,7 @@
 """`dglkit partition`: real METIS partitions of the shared synthetic graph, mappings, manifest, GraphBolt."""
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -50,6 +51,8 @@ def test_manifest_counts_and_edge_cut(partition_1, partition_2, synthetic_datase
         assert sum(part["edges"] for part in manifest["parts"]) == dataset["num_edges"]
         assert sum(part["train_nodes"] for part in manifest["parts"]) == dataset["num_train"]
         assert set(manifest["timings"]) == {"assign_s", "build_s"}
+        # One part at a time per core, as many as the memory holds (plenty for this graph).
+        assert manifest["builders"] == min(len(os.sched_getaffinity(0)), manifest["num_parts"])
         assert manifest["peak_rss_mb"] > 0 and not manifest["graphbolt"]
     train = [part["train_nodes"] for part in two["parts"]]
     assert abs(train[0] - train[1]) < 0.1 * sum(train), "train mask not balanced"
@@ -205,10 +208,11 @@ def distributed(cli, dataset: Path, out: Path, num_parts: int, step: str, *extra
 
 
 def test_distributed_builder_writes_what_the_lean_builder_writes(cli, synthetic_dataset, tmp_path):
-    """Step by step as the workers run it, then the lean builder on the same assignment: the same files."""
+    """Step by step as the workers run it, then the lean builder on the same assignment, one part at a time
+    and both at once: the same files."""
     from dglkit import leanpart
 
-    dist, lean = tmp_path / "dist", tmp_path / "lean"
+    dist = tmp_path / "dist"
     code, _, err = distributed(cli, synthetic_dataset, dist, 2, "finish")
     assert code == 2 and "run --step assign first" in err and not dist.exists()
     assert distributed(cli, synthetic_dataset, dist, 2, "assign")[1]["changed"]
@@ -223,27 +227,34 @@ def test_distributed_builder_writes_what_the_lean_builder_writes(cli, synthetic_
     for step, extra in (("assign", ()), ("part", ("--part", 0)), ("finish", ())):
         assert not distributed(cli, synthetic_dataset, dist, 2, step, *extra)[1]["changed"]
 
-    lean.mkdir()
-    counts = leanpart.build(synthetic_dataset / "graph.dgl", assignment, lean, "graph", 2, "metis")
     manifest = json.loads((dist / "manifest.json").read_text())
-    assert manifest["complete"] and manifest["edge_cut"] == counts["edge_cut"]
-    assert [{key: part[key] for key in counts["parts"][0]} for part in manifest["parts"]] == counts["parts"]
-    assert json.loads((dist / "graph.json").read_text()) == json.loads((lean / "graph.json").read_text())
+    for builders in (1, 2):
+        lean = tmp_path / f"lean-{builders}"
+        lean.mkdir()
+        counts = leanpart.build(synthetic_dataset / "graph.dgl", assignment, lean, "graph", 2, "metis", builders)
+        assert manifest["complete"] and manifest["edge_cut"] == counts["edge_cut"]
+        assert [{key: part[key] for key in counts["parts"][0]} for part in manifest["parts"]] == counts["parts"]
+        assert_same_files(dist, lean, 2)
+    # And DGL reads it as a partition with its invariants.
+    owned_and_halo(dist / "graph.json", dgl.load_graphs(str(synthetic_dataset / "graph.dgl"))[0][0])
+
+
+def assert_same_files(got_dir: Path, want_dir: Path, num_parts: int) -> None:
+    """Two partitions hold the same config, ID mappings, graphs (structure, node and edge data) and features."""
+    assert json.loads((got_dir / "graph.json").read_text()) == json.loads((want_dir / "graph.json").read_text())
     for name in ("orig_nids.npy", "orig_eids.npy"):
-        np.testing.assert_array_equal(np.load(dist / name), np.load(lean / name))
-    for part in range(2):
-        (got,), _ = dgl.load_graphs(str(dist / f"part{part}" / "graph.dgl"))
-        (want,), _ = dgl.load_graphs(str(lean / f"part{part}" / "graph.dgl"))
+        np.testing.assert_array_equal(np.load(got_dir / name), np.load(want_dir / name))
+    for part in range(num_parts):
+        (got,), _ = dgl.load_graphs(str(got_dir / f"part{part}" / "graph.dgl"))
+        (want,), _ = dgl.load_graphs(str(want_dir / f"part{part}" / "graph.dgl"))
         for a, b in zip(got.edges(), want.edges()):
             assert torch_equal(a, b)
         for got_data, want_data in ((got.ndata, want.ndata), (got.edata, want.edata)):
             assert set(got_data) == set(want_data) and all(torch_equal(got_data[k], want_data[k]) for k in want_data)
         for name in ("node_feat.dgl", "edge_feat.dgl"):
-            got_feats, want_feats = (load_tensors(str(d / f"part{part}" / name)) for d in (dist, lean))
+            got_feats, want_feats = (load_tensors(str(d / f"part{part}" / name)) for d in (got_dir, want_dir))
             assert set(got_feats) == set(want_feats)
             assert all(torch_equal(got_feats[k], want_feats[k]) for k in want_feats)
-    # And DGL reads it as a partition with its invariants.
-    owned_and_halo(dist / "graph.json", dgl.load_graphs(str(synthetic_dataset / "graph.dgl"))[0][0])
 
 
 def torch_equal(a, b) -> bool:

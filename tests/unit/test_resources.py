@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from dglkit.resources import GB, memory_estimate
+from dglkit.resources import GB, lean_builders, memory_estimate
 
 APP = Path(__file__).resolve().parents[2] / "app"
 MEMORY_CGROUPS = Path("/sys/fs/cgroup/memory")
@@ -20,9 +20,20 @@ def test_estimates_follow_the_measured_peaks():
     nodes, edges = 2_449_029, 123_718_512
     assert memory_estimate("dgl", nodes, edges, 100) > 24 * GB
     assert memory_estimate("lean", nodes, edges, 100) < 12 * GB
+    # Two parts built at once (2 cores): 9410 MB measured.
+    assert 9.2 * GB < memory_estimate("lean", nodes, edges, 100, 2, builders=2) < 12 * GB
     # 1M nodes / 24M edges: partition_graph peaked at 5.5 GB, prepare at 1.6 GB.
     assert 5 * GB < memory_estimate("dgl", 1_000_000, 23_980_772, 100) < 7 * GB
     assert 1.5 * GB < memory_estimate("prepare", 1_000_000, 23_980_772, 100) < 2.5 * GB
+
+
+def test_lean_builder_builds_parts_at_once_while_the_memory_holds_them():
+    nodes, edges, cores = 2_449_029, 123_718_512, len(os.sched_getaffinity(0))
+    one, two = (memory_estimate("lean", nodes, edges, 100, 2, builders) / GB for builders in (1, 2))
+    assert lean_builders(nodes, edges, 100, 2, memory_gb=(one + two) / 2) == 1
+    assert lean_builders(nodes, edges, 100, 2, memory_gb=two) == min(cores, 2)
+    assert lean_builders(nodes, edges, 100, 2, memory_gb=0) == min(cores, 2)  # 0: no check
+    assert lean_builders(nodes, edges, 100, 2, memory_gb=one / 2) == 1  # check_fits refuses this one
 
 
 def test_prepare_refuses_a_graph_larger_than_the_memory_and_writes_nothing(cli, tmp_path):
