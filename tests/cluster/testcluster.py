@@ -2,6 +2,7 @@
 
     python3 tests/cluster/testcluster.py stage
     python3 tests/cluster/testcluster.py up --name NAME --hosts 3 [--storage-is-worker] [--cluster-network]
+                                            [--node-dir /opt/dglkit]
     python3 tests/cluster/testcluster.py down --name NAME [--host node3] | down --all
     python3 tests/cluster/testcluster.py shutdown|boot --name NAME --host node3
     python3 tests/cluster/testcluster.py cap --name NAME --host node2 --memory-mb 900   # 0: no limit
@@ -215,6 +216,10 @@ def start_host(state: dict, host: str, stage: dict[str, Path]) -> None:
            f"--bind={cdir / 'workspace'}:/srv/dglkit",
            f"--bind-ro={stage['aptrepo']}:/opt/dglkit-offline/apt",
            f"--bind-ro={stage['wheelhouse']}:/opt/dglkit-offline/wheelhouse"]
+    if state.get("node_dir"):
+        # A directory of the host's own that the controller can fill with hard links (a per-node venv).
+        (hdir / "node-dir").mkdir(exist_ok=True)
+        cmd.append(f"--bind={hdir / 'node-dir'}:{state['node_dir']}")
 
     def join_cgroups() -> None:
         # Without a cgroup of its own, same-named units (ssh.service) of different hosts collide.
@@ -303,7 +308,8 @@ def raise_inotify_limit(minimum: int = 1024) -> None:
         limit.write_text(str(minimum))
 
 
-def up(name: str, count: int, storage_is_worker: bool, timeout: float, cluster_network: bool = False) -> None:
+def up(name: str, count: int, storage_is_worker: bool, timeout: float, cluster_network: bool = False,
+       node_dir: str = "") -> None:
     stage = staging.stage()
     raise_inotify_limit()
     state = load_state(name)
@@ -314,6 +320,8 @@ def up(name: str, count: int, storage_is_worker: bool, timeout: float, cluster_n
         down(name)
     if state and cluster_network and not state.get("cluster_network"):
         fail(f"cluster {name} was started without --cluster-network; take it down first")
+    if state and node_dir and state.get("node_dir", "") != node_dir:
+        fail(f"cluster {name} was started with --node-dir {state.get('node_dir', '')!r}; take it down first")
     if state and len(state["hosts"]) > count:
         fail(f"cluster {name} has {len(state['hosts'])} hosts; remove hosts with: down --name {name} --host nodeK")
     start = time.monotonic()
@@ -326,7 +334,7 @@ def up(name: str, count: int, storage_is_worker: bool, timeout: float, cluster_n
         k = free_subnet(name)
         # Written before anything is created, so `down` can find all of it after a crash.
         state = {"name": name, "subnet": k, "controller_if": f"dglkit{k}", "hosts": [],
-                 "cluster_network": cluster_network}
+                 "cluster_network": cluster_network, "node_dir": node_dir}
         save_state(state)
         create_network(state)
     state["storage_is_worker"] = storage_is_worker
@@ -475,6 +483,8 @@ def main() -> None:
     p_up.add_argument("--cluster-network", action="store_true",
                       help="a second network (eth1 on its own bridge) for node-to-node traffic; the inventory sets "
                            "dglkit_cluster_address to it (kept when the cluster grows)")
+    p_up.add_argument("--node-dir", default="", help="bind each host's own hosts/<host>/node-dir at this path "
+                      "(kept when the cluster grows): the controller fills it with hard links, e.g. a per-node venv")
     p_up.add_argument("--timeout", type=float, default=120, help="seconds to wait for every sshd")
     p_down = sub.add_parser("down", help="stop a cluster (or one host) and remove everything it made")
     which = p_down.add_mutually_exclusive_group(required=True)
@@ -509,7 +519,7 @@ def main() -> None:
     elif args.command == "up":
         if not 1 <= args.hosts <= 50:
             fail(f"--hosts {args.hosts}: give a number of hosts from 1 to 50")
-        up(args.name, args.hosts, args.storage_is_worker, args.timeout, args.cluster_network)
+        up(args.name, args.hosts, args.storage_is_worker, args.timeout, args.cluster_network, args.node_dir)
     elif args.command == "down":
         if args.host and args.all:
             fail("--host needs --name, not --all")

@@ -32,6 +32,8 @@ KEEP = os.environ.get("DGLKIT_KEEP_CLUSTERS") == "1"
 PREFIX = os.environ.get("DGLKIT_CLUSTER_PREFIX", "")
 # The controller tools of the environment pytest runs in (.venv/bin).
 BIN = Path(sys.executable).parent
+# Where the venv seeds were built, as the hosts see it: the workspace's venv.
+SEED_PATH = "/srv/dglkit/venv"
 RECAP_RE = re.compile(r"^(\S+)\s+:\s+((?:\w+=\d+\s*)+)$", re.M)
 
 
@@ -141,11 +143,14 @@ class Cluster:
         groups = self.groups()
         return {**groups["storage"], **groups["workers"]}
 
-    def up(self, hosts: int, storage_is_worker: bool = False, cluster_network: bool = False) -> None:
-        """Start the cluster, or grow it to `hosts` hosts (a second network, once chosen, stays)."""
+    def up(self, hosts: int, storage_is_worker: bool = False, cluster_network: bool = False,
+           node_dir: str = "") -> None:
+        """Start the cluster, or grow it to `hosts` hosts (a second network or a node directory, once chosen,
+        stays)."""
         testcluster("up", "--name", self.name, "--hosts", str(hosts),
                     *(["--storage-is-worker"] if storage_is_worker else []),
-                    *(["--cluster-network"] if cluster_network else []))
+                    *(["--cluster-network"] if cluster_network else []),
+                    *(["--node-dir", node_dir] if node_dir else []))
 
     def remove(self, host: str) -> None:
         testcluster("down", "--name", self.name, "--host", host)
@@ -198,9 +203,17 @@ class Cluster:
 
     def stand_up(self, *args: str) -> PlaybookRun:
         """site.yml, starting from the venv that an earlier cluster's site.yml built for the same pins and host
-        Python (seconds instead of a 5 GB pip install; tests/e2e/test_site.py runs the real install)."""
+        Python (seconds instead of a 5 GB pip install; tests/e2e/test_site.py runs the real install). A cluster
+        with a node directory (`up(node_dir=...)`, for `dglkit_python_env_location: per_node`) gets the venv in
+        every host's node directory instead, and none on the workspace."""
         seed, venv = self.venv_seed(), self.workspace / "venv"
-        if seed.is_dir() and not venv.exists():
+        node_dir = self.state().get("node_dir")
+        for host in self.hosts() if node_dir and seed.is_dir() else []:
+            own = self.dir / "hosts" / host / "node-dir" / "venv"
+            if not own.exists():
+                copy_venv(seed, own)
+                move_venv(own, SEED_PATH, f"{node_dir}/venv")
+        if not node_dir and seed.is_dir() and not venv.exists():
             copy_venv(seed, venv)
         run = self.playbook("site.yml", *args)
         self.keep_venv()
@@ -244,6 +257,15 @@ class Cluster:
         return proc
 
 
+def move_venv(venv: Path, old: str, new: str) -> None:
+    """A venv copied from path `old` to `new` (as the hosts see them): its scripts' shebangs and pyvenv.cfg name
+    `new`. They are copies (copy_venv), not the seed's files."""
+    for path in [venv / "pyvenv.cfg", *(venv / "bin").iterdir()]:
+        if path.is_file() and not path.is_symlink():
+            data = path.read_bytes()
+            path.write_bytes(data.replace(old.encode(), new.encode()))
+
+
 def copy_venv(src: Path, dest: Path) -> None:
     """lib/ (the installed packages, nearly all of it) as hard links, the rest as copies: the kit rewrites its
     records in dglkit-requirements/ and tests edit them in place, which must not reach the seed."""
@@ -255,15 +277,17 @@ def copy_venv(src: Path, dest: Path) -> None:
 
 @pytest.fixture(scope="module")
 def cluster_factory() -> Iterator[Callable[..., Cluster]]:
-    """make(name, hosts, storage_is_worker=False, cluster_network=False) starts a cluster that lives until the
-    module ends; cluster_network: node-to-node traffic on a second network (dglkit_cluster_address)."""
+    """make(name, hosts, storage_is_worker=False, cluster_network=False, node_dir="") starts a cluster that lives
+    until the module ends; cluster_network: node-to-node traffic on a second network (dglkit_cluster_address);
+    node_dir: a directory of each host's own at this path, where stand_up puts per-node venvs."""
     if os.geteuid() != 0:
         pytest.skip("test clusters need root")
     made: list[Cluster] = []
 
-    def make(name: str, hosts: int, storage_is_worker: bool = False, cluster_network: bool = False) -> Cluster:
+    def make(name: str, hosts: int, storage_is_worker: bool = False, cluster_network: bool = False,
+             node_dir: str = "") -> Cluster:
         cluster = Cluster((PREFIX + name)[:24].rstrip("-"))
-        cluster.up(hosts, storage_is_worker, cluster_network)
+        cluster.up(hosts, storage_is_worker, cluster_network, node_dir)
         made.append(cluster)
         return cluster
 

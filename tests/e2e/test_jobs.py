@@ -1,14 +1,16 @@
 """Claims about jobs that the training tests leave open, on one 3-host cluster (node1 storage, node2 and node3
-workers) whose nodes talk over a second network (`dglkit_cluster_address` differs from `ansible_host`):
-outputs in original node order across two partitions, samplers, the `files` and offline `ogbn-*` datasets
-through train.yml, `dgl_job_force`, fail-fast across nodes with the controller gone, the failure message,
-playbooks/preflight.yml and stop.yml's leftover report, ip_config and host keys after a resize, and, last (it
-caps the storage host's memory), partitioning across the workers where the storage host cannot alone.
+workers) whose nodes talk over a second network (`dglkit_cluster_address` differs from `ansible_host`) and each run
+their own venv (`dglkit_python_env_location: per_node`, none on the workspace): outputs in original node order
+across two partitions, samplers, the `files` and offline `ogbn-*` datasets through train.yml, `dgl_job_force`,
+fail-fast across nodes with the controller gone, the failure message, playbooks/preflight.yml, a launcher that
+fails its own pre-flight, stop.yml's leftover report, ip_config and host keys after a resize, and, last (it caps
+the storage host's memory), partitioning across the workers where the storage host cannot alone.
 
 The tests share the cluster and run in file order: each leaves every host clean for the next.
 """
 from __future__ import annotations
 
+import base64
 import gzip
 import json
 import os
@@ -27,7 +29,11 @@ from jobhelpers import flat, run_folder
 if TYPE_CHECKING:
     from conftest import Cluster, PlaybookRun
 
+REPO = Path(__file__).resolve().parents[2]
 WORKSPACE = "/srv/dglkit"
+# Every host's own venv (dglkit_python_env_location: per_node), in the host's own directory at /opt/dglkit.
+NODE_DIR = "/opt/dglkit"
+VENV = f"{NODE_DIR}/venv"
 PORT = 30150  # dglkit_server_port of this module's cluster
 # Fail-fast means fail-fast: no restart may hide the failure (the longjobs branch adds restarts).
 NO_RESTARTS = ["-e", "dgl_job_max_restarts=0"]
@@ -44,10 +50,11 @@ SMALL_NODES, SMALL_CLASSES = 3000, 4
 
 @pytest.fixture(scope="module")
 def site(cluster_factory: Callable[..., Cluster]) -> Cluster:
-    cluster = cluster_factory("jobs", 3, cluster_network=True)
+    cluster = cluster_factory("jobs", 3, cluster_network=True, node_dir=NODE_DIR)
     # The mesh is opt-in: the resize test checks that the old nodes trust a new one over the cluster network.
     # A server port other than the default: ip_config.txt, the firewall and the job must all follow it.
-    (cluster.inventory / "group_vars/all/jobs.yml").write_text(f"dglkit_ssh_mesh: true\ndglkit_server_port: {PORT}\n")
+    (cluster.inventory / "group_vars/all/jobs.yml").write_text(
+        f"dglkit_ssh_mesh: true\ndglkit_server_port: {PORT}\ndglkit_python_env_location: per_node\n")
     cluster.stand_up()
     return cluster
 
@@ -183,6 +190,17 @@ def test_outputs_are_in_original_node_order_on_two_parts_with_samplers(site: Clu
     assert_clean(site)
 
 
+def test_every_host_has_its_own_venv_and_the_job_ran_with_it(site: Cluster, runs: Path) -> None:
+    # The job above trained, and no venv exists on the workspace: it ran with the hosts' own.
+    assert not (site.workspace / "venv").exists()
+    for host in site.hosts():
+        assert site.ssh(host, f"findmnt -no TARGET -T {VENV}").stdout.split() == [NODE_DIR], host
+        site.ssh(host, f"test -x {VENV}/bin/python && grep -qx {WORKSPACE}/app {VENV}/lib/python3*/site-packages/"
+                       "dglkit-app.pth")
+    for host in workers(site):
+        assert f"ExecStart={VENV}/bin/python -m dglkit launch" in site.ssh(host, "systemctl cat dglkit-job").stdout
+
+
 def test_files_dataset_trains_and_force_runs_a_finished_job_again(site: Cluster, runs: Path) -> None:
     graph = small_graph()
     (site.workspace / "inputs").mkdir(exist_ok=True)
@@ -229,6 +247,13 @@ def test_ogbn_dataset_from_pre_placed_files_with_no_route_out(site: Cluster, run
     assert_clean(site)
 
 
+def job_processes(cluster: Cluster, host: str, job_dir: str) -> list[str]:
+    """What stop.yml's leftover check (roles/dgl_job/files/job_processes.py) finds of a job on a host."""
+    script = base64.b64encode((REPO / "roles/dgl_job/files/job_processes.py").read_bytes()).decode()
+    command = f"python3 -c 'import base64; exec(base64.b64decode(\"{script}\"))' {job_dir}"
+    return json.loads(cluster.ssh(host, command).stdout)
+
+
 def fail_without_controller(site: Cluster, runs: Path, job_id: str, node: str, process: str) -> dict:
     """Start an endless job, SIGKILL its ansible-playbook (and everything it forked), then SIGKILL `process`
     (server-0, or the first trainer) on `node` and wait until no worker has anything of the job left.
@@ -245,6 +270,11 @@ def fail_without_controller(site: Cluster, runs: Path, job_id: str, node: str, p
     for host in workers(site):
         listening = site.ssh(host, f"ss -Hltn 'sport = :{PORT}'").stdout.split()
         assert f"{site.cluster_addresses()[host]}:{PORT}" in listening, (host, listening)
+        # Every process of the job's unit is one that stop.yml's leftover check finds.
+        in_unit = {int(pid) for pid, unit in map(str.split, site.ssh(host, "ps -e -o pid=,unit=").stdout.splitlines())
+                   if unit == "dglkit-job.service"}
+        found = {int(line.split()[0]) for line in job_processes(site, host, f"{WORKSPACE}/jobs/{job_id}")}
+        assert len(in_unit) >= 4 and in_unit <= found, (host, in_unit, found)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.communicate()
     started = {p["name"]: p["pid"] for p in status(site, job_id, node)["processes"]}
@@ -332,15 +362,53 @@ def test_site_refuses_a_workspace_that_is_not_shared_before_any_change(site: Clu
     assert run.changed_hosts() == [], run.recap
 
 
+def test_a_launcher_that_fails_its_own_preflight_is_named_with_its_line(site: Cluster, runs: Path) -> None:
+    # train.yml's check (`dglkit launch --check` on every worker) passes; then, before node3's launcher starts,
+    # something takes its DGL server port (a drop-in of the job unit does, and lets go when the unit ends).
+    address = site.cluster_addresses()["node3"]
+    dropin = "/etc/systemd/system/dglkit-job.service.d/clm-squat.conf"
+    site.ssh("node3", f"""mkdir -p {Path(dropin).parent} && cat > {dropin} <<'EOF'
+[Service]
+ExecStartPre=+systemd-run --unit=clm-squat python3 -m http.server {PORT} --bind {address}
+ExecStartPre=+/bin/sh -c 'until ss -Hltn "sport = :{PORT}" | grep -q .; do sleep 0.1; done'
+ExecStopPost=+systemctl stop clm-squat
+EOF
+systemctl daemon-reload""")
+    try:
+        run = train(site, runs, *JOB, *NO_RESTARTS, "-e", "dgl_job_id=clm-preflight", "-e", "dgl_job_poll_seconds=5",
+                    check=False)
+    finally:
+        site.ssh("node3", f"rm {dropin} && systemctl daemon-reload && systemctl stop clm-squat || true")
+    line = (f"dglkit launch: error: port {PORT} on {address} (DGL server 0) is not free: Address already in use; "
+            "stop what holds it or choose another port")
+    assert (runs / "clm-preflight/nodes/node3/unit.log").read_text().splitlines()[-1] == line
+    assert run.returncode != 0
+    assert (f"job clm-preflight failed on node3: node node3: no {WORKSPACE}/jobs/clm-preflight/nodes/node3/status.json "
+            f"({line})") in run.flat(), run.output[-4000:]
+    assert_clean(site)
+
+
 def test_stop_reports_what_a_job_left(site: Cluster) -> None:
+    # node2: a server of the last job (the test above) that escaped the job unit's stop: as the job account, in a
+    # unit of its own, with the environment the launcher gives the job's processes, on the job's port.
+    # node3: a DGL segment.
+    job_dir = site.ssh("node2", "systemctl show -P WorkingDirectory dglkit-job").stdout.strip()
+    assert job_dir.startswith(f"{WORKSPACE}/jobs/"), job_dir
+    escaped = f"{VENV}/bin/python -m http.server {PORT} --bind {site.cluster_addresses()['node2']}"
+    site.ssh("node2", f"systemd-run --unit=clm-escaped --uid=dglkit --gid=dglkit -E DGLKIT_OUTPUT_DIR={job_dir} "
+                      f"-E DGL_ROLE=server {escaped}")
     leftover = "/dev/shm/node~_N~feat-kvdata-"
     site.ssh("node3", f"head -c 4096 /dev/zero > '{leftover}'")
     try:
+        pid = site.ssh("node2", "systemctl show -P MainPID clm-escaped").stdout.strip()
         run = site.playbook("playbooks/stop.yml", check=False)
     finally:
+        site.ssh("node2", "systemctl stop clm-escaped")
         site.ssh("node3", f"rm -f '{leftover}'")
-    assert run.failed_hosts() == ["node3"], f"{run.recap}\n{run.output[-3000:]}"
-    assert f"node3: the stopped job left /dev/shm files {leftover}" in flat(run.output), run.output[-3000:]
+    assert run.failed_hosts() == ["node2", "node3"], f"{run.recap}\n{run.output[-3000:]}"
+    assert f"node2: the stopped job left processes {pid} (dglkit, clm-escaped.service: {escaped})" in run.flat(), \
+        run.output[-3000:]
+    assert f"node3: the stopped job left /dev/shm files {leftover}" in run.flat(), run.output[-3000:]
 
 
 def test_resize_renders_ip_config_in_order_and_old_nodes_trust_the_new_one(site: Cluster) -> None:
@@ -413,7 +481,7 @@ def test_a_capped_storage_host_refuses_to_partition_alone_and_the_workers_build_
         assert float(found[2]) <= float(found[1]) and "dgl_job_partition_builder: distributed" in message
         assert not (site.workspace / "partitions" / f"{dataset_id}-2p").exists(), "written before the refusal"
         # Under the same cap, the storage host's heavy step of the distributed builder runs (METIS).
-        site.ssh("node1", f"runuser -u dglkit -- {WORKSPACE}/venv/bin/python -m dglkit partition --dataset-dir "
+        site.ssh("node1", f"runuser -u dglkit -- {VENV}/bin/python -m dglkit partition --dataset-dir "
                           f"{WORKSPACE}/datasets/{dataset_id} --out {WORKSPACE}/partitions/capped --num-parts 2 "
                           "--builder distributed --step assign", timeout=300)
         assert (site.workspace / "partitions" / "capped" / "assignment.npy").is_file()

@@ -1,5 +1,6 @@
 """site.yml on real hosts: three fresh nspawn hosts (node1 storage, node2 and node3 workers) with the SSH mesh
-on, then the storage host as a worker too, bad inventories, a worker taken out of the inventory and a host
+on, pip installing from the staged wheelhouse that site.yml copies from the controller (dglkit_wheelhouse_src),
+then the storage host as a worker too, bad inventories, a worker taken out of the inventory and a host
 that is down.
 
 The tests run in file order on one cluster: the later ones reshape it.
@@ -23,6 +24,8 @@ REPO = Path(__file__).resolve().parents[2]
 PINS = dict(re.findall(r"(?m)^(dgl|torch)==(\S+)$", (REPO / "app/requirements/node.txt").read_text()))
 WORKSPACE = "/srv/dglkit"
 USER, UID = "dglkit", 30050  # the job account and its default ids
+# The wheels tests/cluster/staging.py downloaded, on the controller: site.yml copies them to the workspace.
+WHEELHOUSE_SRC = Path("/var/cache/dglkit/wheelhouse")
 MESH_KEY = ".ssh/dglkit_ed25519"
 
 
@@ -33,8 +36,12 @@ WRITTEN = (f"ls -A {WORKSPACE}; ls -d /etc/ssh/dglkit_known_hosts /etc/ssh/ssh_c
 
 @pytest.fixture(scope="module")
 def fresh_check(cluster: Cluster) -> tuple[PlaybookRun, dict[str, str]]:
-    """site.yml --check on the fresh cluster (SSH mesh on), and what each host then holds where site.yml writes."""
+    """site.yml --check on the fresh cluster (SSH mesh on, wheels from the controller), and what each host then
+    holds where site.yml writes."""
     (cluster.inventory / "group_vars/all/mesh.yml").write_text("dglkit_ssh_mesh: true\n")
+    # Instead of the wheelhouse bound into the hosts (group_vars/all/testcluster.yml; this file is read after it).
+    (cluster.inventory / "group_vars/all/wheelhouse.yml").write_text(
+        f"dglkit_wheelhouse_src: {WHEELHOUSE_SRC}\ndglkit_wheelhouse_dir: {WORKSPACE}/wheelhouse\n")
     run = cluster.playbook("site.yml", "--check")
     return run, {host: cluster.ssh(host, WRITTEN).stdout for host in cluster.hosts()}
 
@@ -94,6 +101,20 @@ def task_statuses(output: str, task: str) -> dict[str, set[str]]:
     for status, host in re.findall(r"(?m)^(ok|changed|skipping|failed|fatal): \[([^\]]+)\]", section):
         statuses.setdefault(host, set()).add(status)
     return statuses
+
+
+def test_the_wheelhouse_from_the_controller_is_copied_once_and_pip_installs_from_it(
+        cluster: Cluster, runs: dict[str, PlaybookRun]) -> None:
+    copy = "python_env : Copy the wheels"
+    # The storage host (which builds the shared venv) writes the workspace; a re-run finds the record of the same
+    # wheels there and copies nothing.
+    assert task_statuses(runs["first"].output, copy) == {"node1": {"changed"}}
+    assert task_statuses(runs["second"].output, copy) == {"node1": {"skipping"}}
+    wheels = {path.name: path.stat().st_size for path in WHEELHOUSE_SRC.glob("*.whl")}
+    assert {path.name: path.stat().st_size for path in (cluster.workspace / "wheelhouse").glob("*.whl")} == wheels
+    # pip had no other source: the hosts have no route out, and the wheelhouse bound into them is not configured.
+    pip = cluster.ssh("node1", f"{WORKSPACE}/venv/bin/pip list --format=freeze").stdout
+    assert f"torch=={PINS['torch']}" in pip and f"dgl=={PINS['dgl']}" in pip, pip
 
 
 def test_a_re_run_skips_the_slow_steps_and_redoes_those_whose_records_went_stale(

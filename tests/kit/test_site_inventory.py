@@ -118,6 +118,9 @@ BAD_INVENTORIES = {
                     "dglkit_venv_dir '/usr/local' is a system directory"),
     "kernel-wheelhouse": (["node1"], ["node2"], {}, {"dglkit_wheelhouse_dir": "/proc/wheels"},
                           "dglkit_wheelhouse_dir '/proc/wheels' is on a kernel or runtime filesystem"),
+    "missing-wheelhouse-src": (["node1"], ["node2"], {}, {"dglkit_wheelhouse_src": "/nonexistent/wheels"},
+                               "dglkit_wheelhouse_src '/nonexistent/wheels' is not a directory of wheels (*.whl) on "
+                               "the controller"),
     "root-user": (["node1"], ["node2"], {}, {"dglkit_user": "root"},
                   "dglkit_user 'root' is a system account: jobs run as an unprivileged account of their own"),
     "bad-user": (["node1"], ["node2"], {}, {"dglkit_user": "DGL kit"}, "dglkit_user 'DGL kit' is not a valid account name"),
