@@ -34,8 +34,8 @@ setup: $(CACHE)/.deps  ## wheelhouse, test-host root, local apt repository, then
 	$(PYTHON) tests/vm/vmlab.py image
 	$(MAKE) --no-print-directory $(VENV)/.complete
 
-test: setup  ## the whole suite: unit, kit, multi-host end-to-end, VM tier
-	$(VENV)/bin/pytest --durations=40 tests/unit tests/kit tests/e2e tests/vm
+test: setup  ## the suite CI runs: unit, kit, multi-host end-to-end, VM tier without its longest tests
+	$(VENV)/bin/pytest --durations=40 -m 'not vm_long' tests/unit tests/kit tests/e2e tests/vm
 
 test-unit: setup
 	$(VENV)/bin/pytest tests/unit tests/kit
@@ -43,7 +43,7 @@ test-unit: setup
 test-e2e: setup
 	$(VENV)/bin/pytest -m e2e tests/e2e
 
-test-vm: setup
+test-vm: setup  ## the whole VM tier, its longest tests included (needs the e2e tier's venv seed)
 	$(VENV)/bin/pytest -m vm tests/vm
 
 lint: setup

@@ -166,6 +166,7 @@ def test_a_host_outside_the_cluster_reaches_no_nfs_port_and_is_refused_by_the_ex
         vmlab.ssh(CLIENT, "ip netns delete outsider; rmdir /mnt/outsider", check=False)
 
 
+@pytest.mark.vm_long  # 6 minutes under TCG; e2e/test_site.py runs the same check on nspawn hosts in CI
 def test_second_run_changes_nothing(inventory: Path, first_run: dict, tmp_path: Path) -> None:
     recap, _ = site(inventory, tmp_path / "second-run.log")
     assert all(changed == 0 for changed in recap.values()), recap
@@ -192,6 +193,7 @@ def test_the_mount_comes_back_after_a_client_reboot(lab: dict, first_run: dict) 
     assert vmlab.ssh(CLIENT, f"cat {WORKSPACE}/vmtest-after-reboot").stdout.strip() == token
 
 
+@pytest.mark.vm_long  # 20 minutes under TCG: every torch import takes a minute or more
 def test_a_job_trains_over_the_root_squashed_export(inventory: Path, first_run: dict, tmp_path: Path) -> None:
     """train.yml as a user runs it: prepare and partition on the storage VM, then a server and a trainer on each VM,
     the client's reading the venv, the app and the partitions over NFS, as the job account."""
