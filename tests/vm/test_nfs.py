@@ -209,8 +209,9 @@ def test_a_job_trains_over_the_root_squashed_export(inventory: Path, first_run: 
         assert json.loads((folder / "nodes" / node / "status.json").read_text())["state"] == "succeeded", node
     # Everything the job wrote on the export, from either VM, is the job account's.
     owners = vmlab.ssh(STORAGE, f"find {WORKSPACE}/datasets {WORKSPACE}/partitions {WORKSPACE}/jobs "
-                                f"-printf '%u %p\\n'").stdout.splitlines()
-    assert owners and [line for line in owners if not line.startswith(f"{ACCOUNT} ")] == [], owners[:20]
+                                f"-printf '%u %p %TT\\n'").stdout.splitlines()
+    foreign = [line for line in owners if not line.startswith(f"{ACCOUNT} ")]
+    assert owners and not foreign, "not the job account's (owner, path, mtime):\n" + "\n".join(foreign)
     for host in (STORAGE, CLIENT):
         left = vmlab.ssh(host, f"pgrep -a -u {ACCOUNT}; ls -A /dev/shm", check=False).stdout.strip()
         assert left == "", (host, left)
