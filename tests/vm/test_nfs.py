@@ -138,7 +138,11 @@ def test_a_file_written_on_either_side_is_seen_on_the_other(lab: dict, first_run
         # Root on the client is the job account on the export: it writes where the account may.
         path = f"{WORKSPACE}/jobs/vmtest-{writer}-{token}"
         vmlab.ssh(writer, f"echo {token} > {path}")
-        assert vmlab.ssh(reader, f"cat {path}").stdout.strip() == token, f"{reader} reading {writer}'s file"
+        try:
+            assert vmlab.ssh(reader, f"cat {path}").stdout.strip() == token, f"{reader} reading {writer}'s file"
+        finally:
+            # Root on the storage host writes as root: left behind, it fails the job test's ownership check.
+            vmlab.ssh(STORAGE, f"rm -f {path}", check=False)
 
 
 def test_a_host_outside_the_cluster_reaches_no_nfs_port_and_is_refused_by_the_export_list(lab: dict, first_run: dict) -> None:
