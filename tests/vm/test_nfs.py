@@ -31,7 +31,8 @@ STORAGE, CLIENT = "node1", "node2"
 ACCOUNT, ACCOUNT_UID = "dglkit", 30050  # the job account and its default ids
 RECAP = re.compile(r"^(\S+)\s+:\s+ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", re.M)
 # Small enough for emulated CPUs: a 2,000-node graph, one server and one trainer per worker, eight epochs of about
-# a second each (after a first of a few); on two VMs validation accuracy climbed 0.16, 0.22, 0.27 in the first three.
+# 8 s each under TCG (the start, a torch import per process, takes minutes); validation accuracy climbed 0.16, 0.22,
+# 0.27 in the first three.
 TINY_JOB = ["-e", "dgl_job_synthetic_nodes=2000", "-e", "dgl_job_synthetic_feat_dim=16", "-e", "dgl_job_epochs=8",
             "-e", "dgl_job_batch_size=50", "-e", "dgl_job_lr=0.05", "-e", "dgl_job_hidden=16",
             "-e", "dgl_job_poll_seconds=10"]
