@@ -43,6 +43,8 @@ E2E_TIMEOUT = 1200
 
 # test_builtin_tasks, test_own_programs and test_train share the training cluster (train_cluster);
 # test_train.py runs after the others, whatever the order on the command line: its last tests take hosts down.
+# test_site.py runs first: its real pip install seeds every later cluster's venv (Cluster.stand_up), so a fresh
+# machine runs pip once.
 NODE3_NAME = "node3.cluster.test"
 
 
@@ -53,7 +55,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         items[i].add_marker(pytest.mark.e2e)
         if items[i].get_closest_marker("timeout") is None:
             items[i].add_marker(pytest.mark.timeout(E2E_TIMEOUT))
-    ordered = sorted((items[i] for i in mine), key=lambda item: item.path.name == "test_train.py")
+    last, first = "test_train.py", "test_site.py"
+    ordered = sorted((items[i] for i in mine), key=lambda item: (item.path.name == last) - (item.path.name == first))
     for i, item in zip(mine, ordered):
         items[i] = item
 

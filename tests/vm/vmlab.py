@@ -40,10 +40,11 @@ import staging  # noqa: E402  (tests/cluster is no package)
 RECIPE = HERE / "image"
 CACHE = staging.CACHE / "vm"
 STATE = Path("/var/lib/dglkit-vmlab")
-# What a VM needs beyond the nspawn hosts' root: its own kernel, and udev for its disks. And two packages that
-# site.yml would install: dpkg takes minutes per package under emulation, and the e2e tier (nspawn hosts) tests
-# their install from the staged repository.
-VM_PACKAGES = ["linux-image-amd64", "udev", "python3-venv", "nftables"]
+# What a VM needs beyond the nspawn hosts' root: its own kernel, and udev for its disks. And packages that
+# site.yml would install, since dpkg takes minutes per package under emulation: python3-venv and nftables (the
+# e2e tier's nspawn hosts install them from the staged repository), and nfs-common (the NFS client's package,
+# which the server's package depends on: the storage VM still installs nfs-kernel-server from that repository).
+VM_PACKAGES = ["linux-image-amd64", "udev", "python3-venv", "nftables", "nfs-common"]
 # An initrd with just what finds the root disk: a fifth of the default size, which TCG unpacks much faster.
 VM_FINISH = """
 echo MODULES=list > etc/initramfs-tools/conf.d/dglkit-vm.conf
