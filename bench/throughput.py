@@ -1,4 +1,4 @@
-"""Benchmark training throughput on a 2-worker test cluster: seeds/s and epoch time with GraphBolt on/off,
+"""Benchmark training throughput on a test cluster of 2 (or --workers) workers: seeds/s and epoch time with GraphBolt on/off,
 0 and 1 sampler per trainer, the kit's launcher with its defaults (and tuned variants) versus DGL's plain
 launch.py contract started by hand, all on the same partitions. Appends to bench/results/throughput.jsonl.
 
@@ -26,6 +26,7 @@ def parse_variant(text: str) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cluster", default="bench", help="test cluster name (started if needed)")
+    parser.add_argument("--workers", type=int, default=2, help="workers (node1, the storage host, is one of them)")
     parser.add_argument("--nodes", type=int, default=200_000, help="synthetic graph size (average degree 25)")
     parser.add_argument("--epochs", type=int, default=3, help="epochs per job; the first is warm-up and not counted")
     parser.add_argument("--runs", type=int, default=2, help="jobs per configuration")
@@ -52,7 +53,7 @@ def main() -> None:
     for variant in filter(None, args.kit_variants.split(",")):
         configs.append(("kit", False, {"num_samplers": 0, **parse_variant(variant)}))
 
-    with clusterlib.session(args.cluster, 2, args.keep_cluster) as cluster:
+    with clusterlib.session(args.cluster, args.workers, args.keep_cluster) as cluster:
         part_config = clusterlib.partition(cluster, args.nodes, 25)
         rows = []
         # Runs outermost: configurations alternate, so that a change in the shared machine's load hits all alike.
@@ -60,7 +61,7 @@ def main() -> None:
             for launcher, graphbolt, settings in configs:
                 figures = one_job(cluster, launcher, graphbolt, settings, part_config, args.epochs, args.timeout)
                 params = {"launcher": launcher, "graphbolt": graphbolt, "settings": settings, "run": run,
-                          "graph_nodes": args.nodes, "epochs": args.epochs, "workers": 2}
+                          "graph_nodes": args.nodes, "epochs": args.epochs, "workers": args.workers}
                 rows.append(benchlib.report("throughput", params, figures))
         print_table(rows)
 
@@ -101,20 +102,20 @@ def print_table(rows: list[dict]) -> None:
     groups: dict[str, list[dict]] = {}
     for row in rows:
         p = row["params"]
-        key = json.dumps([p["launcher"], p["graphbolt"], p["settings"], p["epochs"]])
+        key = json.dumps([p["launcher"], p["graphbolt"], p["settings"], p["epochs"], p.get("workers", 2)])
         groups.setdefault(key, []).append(row)
     out = []
     for key, lines in groups.items():
-        launcher, graphbolt, settings, epochs = json.loads(key)
+        launcher, graphbolt, settings, epochs, workers = json.loads(key)
         f = [line["figures"] for line in lines]
         ok = [x for x in f if x["ok"]]
         extra = ", ".join(f"{k}={v}" for k, v in settings.items() if k != "num_samplers") or "defaults"
         loads = [x["load_before"] for x in f] + [x["load_after"] for x in f]
         out.append([launcher if launcher == "plain" else f"kit ({extra})", "on" if graphbolt else "off",
-                    settings["num_samplers"], epochs, benchlib.spread([x["steady_seeds_per_s"] for x in ok]),
+                    settings["num_samplers"], workers, epochs, benchlib.spread([x["steady_seeds_per_s"] for x in ok]),
                     benchlib.spread([x["steady_epoch_time_s"] for x in ok]), benchlib.spread([x["job_wall_s"] for x in ok]),
                     benchlib.spread([x["test_acc"] for x in ok]), f"{len(ok)}/{len(f)}", f"{min(loads):g}-{max(loads):g}"])
-    print(benchlib.table(["launcher", "GraphBolt", "samplers/trainer", "epochs", "seeds/s", "epoch s", "job wall s",
+    print(benchlib.table(["launcher", "GraphBolt", "samplers/trainer", "workers", "epochs", "seeds/s", "epoch s", "job wall s",
                           "test acc", "ok runs", "load 1m"], out))
 
 
