@@ -3,7 +3,8 @@ workers) whose nodes talk over a second network (`dglkit_cluster_address` differ
 their own venv (`dglkit_python_env_location: per_node`, none on the workspace): outputs in original node order
 across two partitions, samplers, the `files` and offline `ogbn-*` datasets through train.yml, `dgl_job_force`,
 fail-fast across nodes with the controller gone, the failure message, playbooks/preflight.yml, a launcher that
-fails its own pre-flight, stop.yml's leftover report, ip_config and host keys after a resize, and, last (it caps
+fails its own pre-flight, stop.yml's leftover report, a resize to 3 workers (ip_config, host keys, a GraphBolt job)
+and back, and, last (it caps
 the storage host's memory), partitioning across the workers where the storage host cannot alone.
 
 The tests share the cluster and run in file order: each leaves every host clean for the next.
@@ -160,13 +161,17 @@ def test_preflight_passes_on_a_healthy_cluster_and_changes_nothing(site: Cluster
     assert run.changed_hosts() == [] and run.failed_hosts() == [], run.recap
 
 
+# One sampler per trainer, outputs saved: the first job of the module, run again after the resize.
+SAMPLED_JOB = [*JOB, "-e", "dgl_job_samplers=1", "-e", "dgl_job_save_predictions=true",
+               "-e", "dgl_job_save_embeddings=true"]
+
+
 def test_outputs_are_in_original_node_order_on_two_parts_with_samplers(site: Cluster, runs: Path) -> None:
     import dgl
 
     # One sampler per trainer: DGL_NUM_CLIENT counts them, so servers wait for them; the job only ends if
     # the samplers really connected.
-    run = train(site, runs, *JOB, "-e", "dgl_job_samplers=1", "-e", "dgl_job_save_predictions=true",
-                "-e", "dgl_job_save_embeddings=true")
+    run = train(site, runs, *SAMPLED_JOB)
     folder = run_folder(run.output)
     # The job ran over the second network: ip_config.txt holds the cluster addresses, not ansible_host.
     assert (site.workspace / "ip_config.txt").read_text().splitlines() == ip_config_of_workers(site)
@@ -411,7 +416,9 @@ def test_stop_reports_what_a_job_left(site: Cluster) -> None:
     assert f"node3: the stopped job left /dev/shm files {leftover}" in run.flat(), run.output[-3000:]
 
 
-def test_resize_renders_ip_config_in_order_and_old_nodes_trust_the_new_one(site: Cluster) -> None:
+def test_resize_renders_ip_config_in_order_and_old_nodes_trust_the_new_one(site: Cluster, runs: Path) -> None:
+    """A third worker, a GraphBolt job on the 3 parts, then back to two workers, where the first job of the module
+    (its partition and its finished result) is found again."""
     site.up(4)
     try:
         # The inventory grew, site.yml has not run: preflight.yml refuses a partition count that cannot match.
@@ -430,11 +437,24 @@ def test_resize_renders_ip_config_in_order_and_old_nodes_trust_the_new_one(site:
                                     f"-o UserKnownHostsFile=/dev/null {target} hostname").stdout.strip()
                 assert out == "node4", (old, target, out)
         assert site.playbook("playbooks/preflight.yml").failed_hosts() == []
+        run = train(site, runs, *JOB, "-e", "dgl_job_graphbolt=true")
+        folder = run_folder(run.output)
+        job = json.loads((folder / "job.json").read_text())
+        assert folder.name.startswith("synthetic-3w-") and Path(job["part_config"]).parent.name.endswith("-3p"), job
+        part_config = site.workspace / Path(job["part_config"]).relative_to(WORKSPACE)
+        assert json.loads(part_config.read_text())["num_parts"] == 3
+        result = json.loads((folder / "result.json").read_text())
+        assert result["num_trainers"] == 3 and result["val_acc"] > 0.5, result
+        assert "graphbolt       yes" in (folder / "summary.txt").read_text()
+        assert sorted(p.name for p in (folder / "nodes").iterdir()) == ["node2", "node3", "node4"]
+        assert_clean(site)
     finally:
         site.remove("node4")
     site.stand_up()
     assert workers(site) == ["node2", "node3"]
     assert (site.workspace / "ip_config.txt").read_text().splitlines() == ip_config_of_workers(site)
+    run = train(site, runs, *SAMPLED_JOB)
+    assert "finished before" in run.output and run.changed_hosts() == [], run.recap
 
 
 # Features outweigh the structure: what the distributed builder spares the storage host (last in the module:

@@ -1,8 +1,8 @@
 """playbooks/train.yml, status.yml and stop.yml on the training cluster (node1 storage, node2 and node3
 workers; conftest.train_cluster: stood up once with site.yml, firewall on, node3's cluster address given as a
 host name; test_builtin_tasks and test_own_programs use it first): training
-across hosts with GraphBolt off and on, the same job again (changed=0), a job needing ports the firewall keeps
-closed, a resize to 3 workers and back, a trainer killed while the controller is away (restart from the
+across hosts, the same job again (changed=0), a job needing ports the firewall keeps closed (test_jobs resizes),
+a trainer killed while the controller is away (restart from the
 checkpoint, then a new train.yml attaches), a server killed with no restarts (fails fast), an outsider on the
 cluster network probing a running job and stop.yml during a restart, a worker host that shuts down and boots
 again mid-job (the job restarts with it), stop.yml while the job waits for a host that is down, and a worker host
@@ -200,34 +200,6 @@ def test_a_job_needing_ports_the_firewall_keeps_closed_is_refused(site: Cluster,
     assert ("node2: the firewall opens DGL server ports 30050-30050 and master port 29500 to the cluster, but this "
             "job needs 30050-30051 and 29500: set dgl_job_servers") in flat(run.output), run.output[-3000:]
     assert run.changed_hosts() == [], run.recap
-
-
-def test_resize_to_three_workers_with_graphbolt(site: Cluster, runs: Path) -> None:
-    site.up(4)
-    site.playbook("site.yml")
-    assert len((site.workspace / "ip_config.txt").read_text().split("\n")) - 1 == 3
-    run = train(site, runs, *JOB, "-e", "dgl_job_graphbolt=true")
-    folder = run_folder(run.output)
-    assert folder.name.startswith("synthetic-3w-")
-    job = json.loads((folder / "job.json").read_text())
-    partition = Path(job["part_config"])
-    assert partition.parent.name.endswith("-3p")
-    assert json.loads((site.workspace / "partitions" / partition.parent.name / partition.name).read_text())[
-        "num_parts"] == 3
-    result = json.loads((folder / "result.json").read_text())
-    assert result["num_trainers"] == 3 and result["val_acc"] > 0.5, result
-    assert "graphbolt       yes" in (folder / "summary.txt").read_text()
-    assert sorted(p.name for p in (folder / "nodes").iterdir()) == ["node2", "node3", "node4"]
-    assert_clean(site)
-
-
-def test_shrink_back_to_two_workers(site: Cluster, runs: Path) -> None:
-    site.remove("node4")
-    site.playbook("site.yml")
-    assert len((site.workspace / "ip_config.txt").read_text().split("\n")) - 1 == 2
-    # The 2-worker job of the first test: its partition and finished result are found again.
-    run = train(site, runs, *JOB)
-    assert "finished before" in run.output and run.changed_hosts() == [], run.recap
 
 
 def test_a_killed_trainer_restarts_while_the_controller_is_away(site: Cluster, runs: Path) -> None:
