@@ -1,6 +1,7 @@
-"""Benchmark training throughput on a test cluster of 2 (or --workers) workers: seeds/s and epoch time with GraphBolt on/off,
-0 and 1 sampler per trainer, the kit's launcher with its defaults (and tuned variants) versus DGL's plain
-launch.py contract started by hand, all on the same partitions. Appends to bench/results/throughput.jsonl.
+"""Benchmark training throughput on a test cluster of 2 (or --workers) workers: seeds/s and epoch time with
+GraphBolt on/off, 0 and 1 sampler per trainer, the kit's launcher with its defaults (and tuned variants) versus
+DGL's plain launch.py contract started by hand, all on the same partitions. Appends to
+bench/results/throughput.jsonl.
 
     .venv/bin/python bench/throughput.py --runs 2
     .venv/bin/python bench/throughput.py --quick
@@ -102,7 +103,7 @@ def print_table(rows: list[dict]) -> None:
     groups: dict[str, list[dict]] = {}
     for row in rows:
         p = row["params"]
-        key = json.dumps([p["launcher"], p["graphbolt"], p["settings"], p["epochs"], p.get("workers", 2)])
+        key = json.dumps([p["launcher"], p["graphbolt"], p["settings"], p["epochs"], p["workers"]])
         groups.setdefault(key, []).append(row)
     out = []
     for key, lines in groups.items():
@@ -115,8 +116,8 @@ def print_table(rows: list[dict]) -> None:
                     settings["num_samplers"], workers, epochs, benchlib.spread([x["steady_seeds_per_s"] for x in ok]),
                     benchlib.spread([x["steady_epoch_time_s"] for x in ok]), benchlib.spread([x["job_wall_s"] for x in ok]),
                     benchlib.spread([x["test_acc"] for x in ok]), f"{len(ok)}/{len(f)}", f"{min(loads):g}-{max(loads):g}"])
-    print(benchlib.table(["launcher", "GraphBolt", "samplers/trainer", "workers", "epochs", "seeds/s", "epoch s", "job wall s",
-                          "test acc", "ok runs", "load 1m"], out))
+    print(benchlib.table(["launcher", "GraphBolt", "samplers/trainer", "workers", "epochs", "seeds/s", "epoch s",
+                          "job wall s", "test acc", "ok runs", "load 1m"], out))
 
 
 if __name__ == "__main__":
