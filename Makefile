@@ -34,8 +34,9 @@ setup: $(CACHE)/.deps  ## wheelhouse, test-host root, local apt repository, then
 	$(PYTHON) tests/vm/vmlab.py image
 	$(MAKE) --no-print-directory $(VENV)/.complete
 
+# On two pytest-xdist workers: tests/conftest.py says which tests share one (a cluster, the VM lab) and in what order.
 test: setup  ## the suite CI runs: unit, kit, multi-host end-to-end, VM tier without its longest tests
-	$(VENV)/bin/pytest --durations=40 -m 'not vm_long' tests/unit tests/kit tests/e2e tests/vm
+	$(VENV)/bin/pytest -n 2 --no-loadscope-reorder --durations=40 -m 'not vm_long' tests/unit tests/kit tests/e2e tests/vm
 
 test-unit: setup
 	$(VENV)/bin/pytest tests/unit tests/kit

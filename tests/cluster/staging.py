@@ -6,6 +6,7 @@ and a qemu image builder can share `build_root` with their own package lists.
 """
 from __future__ import annotations
 
+import fcntl
 import glob
 import hashlib
 import json
@@ -14,7 +15,9 @@ import shutil
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 CACHE = Path("/var/cache/dglkit")
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -170,6 +173,16 @@ def venv_seed(host_python: str) -> Path:
     so that later test hosts start from it (tests/e2e/conftest.py keeps it, the VM tier mounts it)."""
     pins = "".join(path.read_text() for path in sorted((REPO_ROOT / "app" / "requirements").glob("*.txt")))
     return CACHE / "venv-seed" / hashlib.sha256(f"{host_python}\n{pins}".encode()).hexdigest()[:16]
+
+
+@contextmanager
+def seed_lock(seed: Path) -> Iterator[None]:
+    """Held while a venv seed is built, or awaited: `make test` runs the tiers on two pytest-xdist workers, and a
+    cluster or the VM lab that needs the seed waits for the worker whose site.yml is building it."""
+    seed.parent.mkdir(parents=True, exist_ok=True)
+    with open(seed.with_name(seed.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 def stage() -> dict[str, Path]:

@@ -13,6 +13,7 @@ import re
 import shutil
 import subprocess
 import sys
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
@@ -41,24 +42,18 @@ RECAP_RE = re.compile(r"^(\S+)\s+:\s+((?:\w+=\d+\s*)+)$", re.M)
 E2E_TIMEOUT = 1200
 
 
-# test_builtin_tasks, test_own_programs and test_train share the training cluster (train_cluster);
-# test_train.py runs after the others, whatever the order on the command line: its last tests take hosts down.
-# test_site.py runs first: its real pip install seeds every later cluster's venv (Cluster.stand_up), so a fresh
-# machine runs pip once.
+# test_builtin_tasks, test_own_programs and test_train share the training cluster (train_cluster); the order of
+# the modules (test_site.py first, test_train.py last) is tests/conftest.py's.
 NODE3_NAME = "node3.cluster.test"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     here = Path(__file__).parent
-    mine = [i for i, item in enumerate(items) if here in item.path.parents]
-    for i in mine:
-        items[i].add_marker(pytest.mark.e2e)
-        if items[i].get_closest_marker("timeout") is None:
-            items[i].add_marker(pytest.mark.timeout(E2E_TIMEOUT))
-    last, first = "test_train.py", "test_site.py"
-    ordered = sorted((items[i] for i in mine), key=lambda item: (item.path.name == last) - (item.path.name == first))
-    for i, item in zip(mine, ordered):
-        items[i] = item
+    for item in items:
+        if here in item.path.parents:
+            item.add_marker(pytest.mark.e2e)
+            if item.get_closest_marker("timeout") is None:
+                item.add_marker(pytest.mark.timeout(E2E_TIMEOUT))
 
 
 def testcluster(*args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -211,15 +206,17 @@ class Cluster:
         every host's node directory instead, and none on the workspace."""
         seed, venv = self.venv_seed(), self.workspace / "venv"
         node_dir = self.state().get("node_dir")
-        for host in self.hosts() if node_dir and seed.is_dir() else []:
-            own = self.dir / "hosts" / host / "node-dir" / "venv"
-            if not own.exists():
-                copy_venv(seed, own)
-                move_venv(own, SEED_PATH, f"{node_dir}/venv")
-        if not node_dir and seed.is_dir() and not venv.exists():
-            copy_venv(seed, venv)
-        run = self.playbook("site.yml", *args)
-        self.keep_venv()
+        # Without a seed, this run builds it (or waits for the run of another worker that does).
+        with nullcontext() if seed.is_dir() else staging.seed_lock(seed):
+            for host in self.hosts() if node_dir and seed.is_dir() else []:
+                own = self.dir / "hosts" / host / "node-dir" / "venv"
+                if not own.exists():
+                    copy_venv(seed, own)
+                    move_venv(own, SEED_PATH, f"{node_dir}/venv")
+            if not node_dir and seed.is_dir() and not venv.exists():
+                copy_venv(seed, venv)
+            run = self.playbook("site.yml", *args)
+            self.keep_venv()
         return run
 
     def keep_venv(self) -> None:
@@ -253,8 +250,9 @@ class Cluster:
 
     def ssh(self, host: str, command: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
         """Run a shell command on a host as root, with the SSH settings Ansible uses (verified host keys)."""
+        # Its own stdin: ssh makes its stdin non-blocking, and one killed at the timeout would leave ours so.
         proc = subprocess.run(["ssh", "-F", str(self.dir / "ssh/config"), host, command],
-                              capture_output=True, text=True, timeout=timeout)
+                              capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=timeout)
         if check and proc.returncode:
             pytest.fail(f"{host}: `{command}` exited {proc.returncode}:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
         return proc

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Iterator
 import pytest
 import yaml
 
+import staging  # tests/cluster: on the path since conftest.py
 from jobhelpers import flat
 
 if TYPE_CHECKING:
@@ -50,10 +51,11 @@ def fresh_check(cluster: Cluster) -> tuple[PlaybookRun, dict[str, str]]:
 def runs(cluster: Cluster, fresh_check: tuple[PlaybookRun, dict[str, str]]) -> dict[str, PlaybookRun]:
     """On the fresh cluster with the SSH mesh on: --check, the real run, a second run, --check again."""
     runs = {"fresh-check": fresh_check[0]}
-    runs.update({name: cluster.playbook("site.yml", *args) for name, args in
-                 [("first", []), ("second", []), ("set-up-check", ["--check"])]})
-    # The venv pip built here seeds the later modules' clusters.
-    cluster.keep_venv()
+    # The venv pip builds here seeds the later modules' clusters and the VM lab, which wait for it.
+    with staging.seed_lock(cluster.venv_seed()):
+        runs.update({name: cluster.playbook("site.yml", *args) for name, args in
+                     [("first", []), ("second", []), ("set-up-check", ["--check"])]})
+        cluster.keep_venv()
     return runs
 
 

@@ -27,7 +27,9 @@ def lab() -> dict:
     """The running VMs: {"hosts": {name: {"ip", "pid"}}, "accel", "boot_seconds"}. The storage VM's workspace
     disk holds the venv that the e2e tier's site.yml built, so that this tier's site.yml runs whole."""
     seed = staging.venv_seed(vmlab.host_python())
-    if not seed.is_dir():
+    with staging.seed_lock(seed):  # the e2e tier's site.yml may be building it on the other worker
+        built = seed.is_dir()
+    if not built:
         pytest.fail(f"no venv seed for the VMs at {seed}: the e2e tier builds it (make test-e2e, or at least "
                     "pytest tests/e2e/test_site.py), and `make test` runs that tier first")
     if vmlab.STATE.exists():

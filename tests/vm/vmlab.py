@@ -214,8 +214,9 @@ def lab() -> dict:
 
 
 def ssh(host: str, command: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess:
+    # Its own stdin: ssh makes its stdin non-blocking, and one killed at the timeout would leave ours so.
     proc = subprocess.run(ssh_args(lab()["hosts"][host]["ip"]) + [command], text=True, capture_output=True,
-                          timeout=timeout)
+                          stdin=subprocess.DEVNULL, timeout=timeout)
     if check and proc.returncode != 0:
         raise RuntimeError(f"{host}: `{command}` exited {proc.returncode}: {proc.stderr.strip()[-2000:]}")
     return proc
@@ -279,7 +280,8 @@ def wait_for_ssh(hosts: dict, timeout: float) -> None:
                 raise RuntimeError(f"VM {host} (qemu pid {vm['pid']}) exited during boot; "
                                    f"see {STATE / 'vms' / host / 'console.log'}")
             try:
-                if subprocess.run(ssh_args(vm["ip"]) + ["true"], capture_output=True, timeout=60).returncode == 0:
+                if subprocess.run(ssh_args(vm["ip"]) + ["true"], capture_output=True, stdin=subprocess.DEVNULL,
+                                  timeout=60).returncode == 0:
                     del waiting[host]
             except subprocess.TimeoutExpired:
                 pass  # sshd accepted but the VM is still too busy booting to finish the handshake

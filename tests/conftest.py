@@ -1,0 +1,68 @@
+"""The order of the suite's tests, and how `make test` splits them over two pytest-xdist workers (`-n 2`): the
+machine has two cores, and a test cluster waits on SSH and systemd much of the time.
+
+Tests that share a module or session fixture run in one worker, as one group: each module, except the unit
+tier (its partitions and finished local job are session fixtures), the VM tier (one VM lab) and the three
+modules on the training cluster (tests/e2e/conftest.py's train_cluster). The groups start in the order below.
+test_site.py comes first: its real pip install builds the venv seed that every later cluster and the VM lab
+start from (they wait for it: staging.seed_lock), while the other worker runs the unit and kit tiers.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+if TYPE_CHECKING:
+    from xdist.remote import Producer
+    from xdist.scheduler.protocol import Scheduling
+
+TESTS = Path(__file__).parent
+TRAINING_CLUSTER = {"test_builtin_tasks.py", "test_own_programs.py", "test_train.py"}
+# Group -> its place; other groups (modules) follow, in collection order.
+ORDER = {"e2e/test_site.py": 0, "unit": 1, "kit": 2, "vm": 3, "training-cluster": 4}
+
+
+def group(module: Path) -> str:
+    """The group of a test module."""
+    tier = module.resolve().relative_to(TESTS).parts[0]
+    if tier in ("unit", "vm"):
+        return tier
+    if tier == "e2e" and module.name in TRAINING_CLUSTER:
+        return "training-cluster"
+    return f"{tier}/{module.name}"
+
+
+def place(item: pytest.Item) -> tuple[int, bool]:
+    name = group(item.path)
+    # test_train.py ends the training cluster's group: its last tests take hosts down.
+    return ORDER.get(name, ORDER.get(name.partition("/")[0], len(ORDER))), item.path.name == "test_train.py"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items.sort(key=place)
+
+
+@pytest.fixture(autouse=True)
+def blocking_stdin() -> None:
+    """Ansible refuses to start when its stdin is non-blocking. ssh makes the stdin it inherits non-blocking
+    until it exits, so an ssh killed at a timeout leaves this process's stdin so for every later test (in a
+    pytest-xdist worker, where modules follow each other, that broke the next module's site.yml)."""
+    with contextlib.suppress(OSError):  # no stdin at all is fine too
+        os.set_blocking(0, True)
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of xdist's: without xdist, unused
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Producer) -> Scheduling:
+    """pytest-xdist's scheduler by scope, with a group as the scope: a worker gets one group at a time, whole,
+    and the groups go out in collection order (`make test` passes --no-loadscope-reorder)."""
+    from xdist.scheduler import LoadScopeScheduling  # here: the suite also runs without xdist
+
+    class GroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return group(config.rootpath / nodeid.partition("::")[0])
+
+    return GroupScheduling(config, log)
