@@ -1,5 +1,5 @@
-"""The order of the suite's tests, and how `make test` splits them over two pytest-xdist workers (`-n 2`): the
-machine has two cores, and a test cluster waits on SSH and systemd much of the time.
+"""The order of the suite's tests, and how `make test` splits them over two pytest-xdist workers (`-n 2`): one
+test after another kept the machine's two cores about three-quarters busy (SSH round trips, systemd, boots).
 
 Tests that share a module or session fixture run in one worker, as one group: each module, except the unit
 tier (its partitions and finished local job are session fixtures), the VM tier (one VM lab) and the three
