@@ -11,6 +11,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 from contextlib import nullcontext
@@ -194,10 +195,13 @@ class Cluster:
     def start_playbook(self, playbook: str, *args: str) -> subprocess.Popen:
         """ansible-playbook in the background, in a session of its own (so that a test can SIGKILL it and every
         process it forked with os.killpg); stdout and stderr in one pipe."""
-        return subprocess.Popen([str(BIN / "ansible-playbook"), "-i", str(self.inventory), playbook, *args],
-                                cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        cmd = with_names([str(BIN / "ansible-playbook"), "-i", str(self.inventory), playbook, *args], self.etc_hosts)
+        # It must take the Ctrl-C a test sends even where pytest runs with SIGINT ignored (a background job of a
+        # script), which exec would pass on.
+        return subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 start_new_session=True,
-                                env={**os.environ, "ANSIBLE_NOCOLOR": "1", "ANSIBLE_FORCE_COLOR": "0"})
+                                env={**os.environ, "ANSIBLE_NOCOLOR": "1", "ANSIBLE_FORCE_COLOR": "0"},
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
     def stand_up(self, *args: str) -> PlaybookRun:
         """site.yml, starting from the venv that an earlier cluster's site.yml built for the same pins and host

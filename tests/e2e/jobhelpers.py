@@ -2,8 +2,15 @@
 would find another tier's conftest when all tiers run together)."""
 from __future__ import annotations
 
+import os
 import re
+import signal
+import subprocess
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from conftest import Cluster, PlaybookRun
 
 # One host-side look for what a job left (conftest's Cluster.leftovers): processes, listening DGL/rendezvous
 # ports, /dev/shm files, the job unit.
@@ -48,3 +55,43 @@ def run_folder(output: str) -> Path:
     found = re.search(r"run folder: (/[^\s']+)", flat(output))
     assert found, output[-3000:]
     return Path(found.group(1))
+
+
+def workers(cluster: Cluster) -> list[str]:
+    return list(cluster.groups()["workers"])
+
+
+def assert_clean(cluster: Cluster) -> None:
+    for host in cluster.hosts():
+        assert cluster.leftovers(host) == {}, host
+
+
+def train(cluster: Cluster, runs: Path, *args: str, check: bool = True) -> PlaybookRun:
+    return cluster.playbook("playbooks/train.yml", "-e", f"dgl_job_run_dir={runs}", *args, check=check)
+
+
+# train.yml runs the current test started in the background (start_train), each in a session of its own.
+BACKGROUND: list[subprocess.Popen] = []
+
+
+def start_train(cluster: Cluster, runs: Path, *args: str) -> subprocess.Popen:
+    proc = cluster.start_playbook("playbooks/train.yml", "-e", f"dgl_job_run_dir={runs}", *args)
+    BACKGROUND.append(proc)
+    return proc
+
+
+def kill(proc: subprocess.Popen) -> str:
+    """SIGKILL a background train.yml and the workers it forked (they hold its output pipe open); its output."""
+    os.killpg(proc.pid, signal.SIGKILL)
+    return proc.communicate()[0]
+
+
+def stop_background(cluster: Cluster) -> None:
+    """After each test (a module's autouse fixture): a test that failed while its train.yml ran must not leave
+    that playbook, or the job it started on the hosts, to the next test."""
+    left = [proc for proc in BACKGROUND if proc.poll() is None]
+    for proc in left:
+        kill(proc)
+    BACKGROUND.clear()
+    if left or any("unit" in cluster.leftovers(host) for host in workers(cluster)):
+        cluster.playbook("playbooks/stop.yml", check=False)

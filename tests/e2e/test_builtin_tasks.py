@@ -9,9 +9,8 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import pytest
-
-from test_train import assert_clean, flat, run_folder, runs, site, train  # noqa: F401 (fixtures)
+from jobhelpers import assert_clean, flat, run_folder, train
+from test_train import runs, site  # noqa: F401 (the training cluster's fixtures)
 
 if TYPE_CHECKING:
     from conftest import Cluster

@@ -25,10 +25,10 @@ from typing import TYPE_CHECKING, Callable, Iterator
 import numpy as np
 import pytest
 
-from jobhelpers import flat, run_folder
+from jobhelpers import assert_clean, flat, run_folder, start_train, stop_background, train, workers
 
 if TYPE_CHECKING:
-    from conftest import Cluster, PlaybookRun
+    from conftest import Cluster
 
 REPO = Path(__file__).resolve().parents[2]
 WORKSPACE = "/srv/dglkit"
@@ -65,46 +65,16 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("runs")
 
 
-# train.yml runs the current test started in the background, each in a session (process group) of its own.
-BACKGROUND: list[subprocess.Popen] = []
-
-
 @pytest.fixture(autouse=True)
 def stop_background_jobs(site: Cluster) -> Iterator[None]:
-    """A test that fails while its train.yml runs must not leave that job to the next test."""
     yield
-    left = [proc for proc in BACKGROUND if proc.poll() is None]
-    for proc in left:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-    BACKGROUND.clear()
-    if left or any("unit" in site.leftovers(host) for host in workers(site)):
-        site.playbook("playbooks/stop.yml", check=False)
-
-
-def train(cluster: Cluster, runs: Path, *args: str, check: bool = True) -> PlaybookRun:
-    return cluster.playbook("playbooks/train.yml", "-e", f"dgl_job_run_dir={runs}", *args, check=check)
-
-
-def start_train(cluster: Cluster, runs: Path, *args: str) -> subprocess.Popen:
-    proc = cluster.start_playbook("playbooks/train.yml", "-e", f"dgl_job_run_dir={runs}", *args)
-    BACKGROUND.append(proc)
-    return proc
-
-
-def workers(cluster: Cluster) -> list[str]:
-    return list(cluster.groups()["workers"])
+    stop_background(site)
 
 
 def ip_config_of_workers(cluster: Cluster) -> list[str]:
     """ip_config.txt as site.yml must render it: the workers' cluster addresses, in inventory order."""
     addresses = cluster.cluster_addresses()
     return [f"{addresses[host]} {PORT}" for host in workers(cluster)]
-
-
-def assert_clean(cluster: Cluster) -> None:
-    for host in cluster.hosts():
-        assert cluster.leftovers(host) == {}, host
 
 
 def wait_for_epoch(cluster: Cluster, job_id: str, playbook: subprocess.Popen, timeout: float = 600) -> None:

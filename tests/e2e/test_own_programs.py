@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING
 import pytest
 
 # site and runs: the training cluster that test_builtin_tasks and test_train share (conftest.train_cluster).
-from test_train import assert_clean, flat, run_folder, runs, site, train  # noqa: F401
+from jobhelpers import assert_clean, flat, run_folder, train
+from test_train import runs, site  # noqa: F401 (the training cluster's fixtures)
 
 if TYPE_CHECKING:
     from conftest import Cluster

@@ -13,24 +13,20 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator
 
 import pytest
 
-from jobhelpers import flat, run_folder, with_names
+from jobhelpers import assert_clean, flat, kill, run_folder, start_train, stop_background, train, workers
 
 if TYPE_CHECKING:
     from conftest import Cluster
 
-REPO = Path(__file__).resolve().parents[2]
-BIN = Path(sys.executable).parent
 
 # 20k nodes, 3 epochs: about 20 steps per trainer per epoch, enough to beat chance (10 classes) clearly.
 JOB = ["-e", "dgl_job_synthetic_nodes=20000", "-e", "dgl_job_epochs=3", "-e", "dgl_job_batch_size=100"]
@@ -68,52 +64,10 @@ def runs(train_runs: Path) -> Path:
     return train_runs
 
 
-def train(cluster: Cluster, runs: Path, *args: str, check: bool = True):
-    return cluster.playbook("playbooks/train.yml", "-e", f"dgl_job_run_dir={runs}", *args, check=check)
-
-
-# train.yml runs started in the background by the current test.
-BACKGROUND: list[subprocess.Popen] = []
-
-
 @pytest.fixture(autouse=True)
-def stop_background_jobs(cluster: Cluster) -> Iterator[None]:
-    """A test that fails while its train.yml runs must not leave that job to the next test."""
+def stop_background_jobs(site: Cluster) -> Iterator[None]:
     yield
-    left = [proc for proc in BACKGROUND if proc.poll() is None]
-    for proc in left:
-        kill(proc)
-    BACKGROUND.clear()
-    if left:
-        cluster.playbook("playbooks/stop.yml", check=False)
-
-
-def kill(proc: subprocess.Popen) -> str:
-    """SIGKILL a background train.yml and the workers it forked (they hold its output pipe open); its output."""
-    os.killpg(proc.pid, signal.SIGKILL)
-    return proc.communicate()[0]
-
-
-def start_train(cluster: Cluster, runs: Path, *args: str) -> subprocess.Popen:
-    """train.yml in the background, in a session of its own (stdout+stderr in one pipe)."""
-    cmd = with_names([str(BIN / "ansible-playbook"), "-i", str(cluster.inventory), "playbooks/train.yml",
-                      "-e", f"dgl_job_run_dir={runs}", *args], cluster.etc_hosts)
-    # It must take the Ctrl-C a test sends even where pytest runs with SIGINT ignored (a background job of a
-    # script), which exec would pass on.
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True, env={**os.environ, "ANSIBLE_NOCOLOR": "1", "ANSIBLE_FORCE_COLOR": "0"},
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    BACKGROUND.append(proc)
-    return proc
-
-
-def workers(cluster: Cluster) -> list[str]:
-    return list(cluster.groups()["workers"])
-
-
-def assert_clean(cluster: Cluster) -> None:
-    for host in cluster.hosts():
-        assert cluster.leftovers(host) == {}, host
+    stop_background(site)
 
 
 def wait_for_epoch(cluster: Cluster, job_id: str, node: str, timeout: float = 600) -> dict:
