@@ -1,4 +1,4 @@
-"""The VM tier: one set of qemu VMs (node1 storage and worker, node2 worker) for the session, torn down at the end."""
+"""The VM tier: one set of qemu VMs (node1 storage and worker, node2 worker) for the tier, torn down after its last test."""
 from __future__ import annotations
 
 import sys
@@ -22,7 +22,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.timeout(VM_TIMEOUT))
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def lab() -> dict:
     """The running VMs: {"hosts": {name: {"ip", "pid"}}, "accel", "boot_seconds"}. The storage VM's workspace
     disk holds the venv that the e2e tier's site.yml built, so that this tier's site.yml runs whole."""
@@ -41,6 +41,6 @@ def lab() -> dict:
     vmlab.down()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def inventory(lab: dict) -> Path:
     return vmlab.STATE / "inventory"
