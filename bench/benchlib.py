@@ -73,17 +73,19 @@ def report(name: str, params: dict[str, Any], figures: dict[str, Any]) -> dict[s
     return append(name, {"params": params, "figures": figures})
 
 
-def load(name: str, since: str = "") -> list[dict[str, Any]]:
-    """The records of bench/results/<name>.jsonl dated `since` (an ISO date or time prefix) or later."""
+def load(name: str, since: str = "", until: str = "") -> list[dict[str, Any]]:
+    """The records of bench/results/<name>.jsonl dated `since` (an ISO date or time prefix) or later, and
+    before `until` when given."""
     path = RESULTS / f"{name}{SUFFIX}.jsonl"
     records = [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
-    return [r for r in records if r["date"] >= since]
+    return [r for r in records if r["date"] >= since and (not until or r["date"] < until)]
 
 
 def add_common_arguments(parser: argparse.ArgumentParser, quick: str) -> None:
     parser.add_argument("--quick", action="store_true", help=f"smoke run ({quick}); results go to <name>-quick.jsonl")
     parser.add_argument("--table", action="store_true", help="only print the table of the stored results")
     parser.add_argument("--since", default="", help="with --table: results from this date on (e.g. 2026-12-02T15)")
+    parser.add_argument("--until", default="", help="with --table: results before this date (e.g. 2026-12-03)")
 
 
 def parse(parser: argparse.ArgumentParser, name: str,
@@ -94,7 +96,7 @@ def parse(parser: argparse.ArgumentParser, name: str,
     if args.quick:
         SUFFIX = "-quick"
     if args.table:
-        print_table(load(name, args.since))
+        print_table(load(name, args.since, args.until))
         return None
     exit_on_sigterm()
     return args
