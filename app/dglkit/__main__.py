@@ -10,7 +10,7 @@ from dglkit.common import UserError
 COMMANDS = {
     "prepare": ("dglkit.data", "build a DGL graph with features, labels and split masks"),
     "partition": ("dglkit.partition", "partition a prepared graph with METIS for N machines"),
-    "train": ("dglkit.train", "distributed GraphSAGE trainer (DGL runs it as server and as trainer)"),
+    "train": ("dglkit.train", "distributed trainer of the built-in tasks (DGL runs it as server and as trainer)"),
     "launch": ("dglkit.launch", "start and supervise this node's DGL servers and trainers"),
     "watch": ("dglkit.watch", "report the state of a running job across all nodes"),
     "report": ("dglkit.report", "summarise a finished job: summary and training curves"),

@@ -3,14 +3,13 @@ h_u * h_v (as DGL's link_pred example), trained on edges against uniformly sampl
 
 Validation and test edges are the pairs `dglkit prepare --val-edges-frac/--test-edges-frac` removed from the
 graph (edge_split.npz next to the dataset), so message passing never sees them. Each trainer ranks its share
-of them against --eval-negs random destinations; MRR and hits@1/3/10 are summed over all trainers. Rank 0
-writes metrics.jsonl, model.pt, model-best.pt, result.json and, on request, embeddings.npy in original node order.
+of them against --eval-negs random destinations; MRR and hits@1/3/10 are summed over all trainers. dglkit.loop
+trains it; on request it writes embeddings.npy in original node order.
 """
 
 import argparse
-import copy
-import time
 from pathlib import Path
+from typing import Any
 
 import dgl
 import numpy as np
@@ -19,9 +18,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
-from dglkit.common import UserError, read_json
-from dglkit.train import (DistSAGE, is_heterogeneous, log, log_epoch, open_metrics, to_original_order, write_event,
-                          write_result)
+from dglkit.common import UserError, beat, read_json
+from dglkit.loop import log, to_original_order
+from dglkit.sage import DistSAGE
 
 HITS = (1, 3, 10)
 
@@ -36,10 +35,7 @@ def edge_split_path(part_config: str) -> Path | None:
     return dataset_dir / dataset["held_out_edges"]["file"]
 
 
-def check_linkpred(args: argparse.Namespace, config: dict) -> None:
-    if is_heterogeneous(config):
-        raise UserError(f"{args.part_config} is a heterogeneous graph: link prediction here runs on homogeneous "
-                        "graphs (synthetic, files, ogbn-products ...); use --task node_classification")
+def check(args: argparse.Namespace, config: dict) -> None:
     split = edge_split_path(args.part_config)
     if split is None or not split.is_file():
         raise UserError(f"the dataset of {args.part_config} holds out no edges: prepare it with "
@@ -70,84 +66,67 @@ def held_out_shares(part_config: str, rank: int, world: int) -> dict[str, torch.
                 for name in ("val", "test")}
 
 
-def train_linkpred(args: argparse.Namespace, config: dict) -> None:
-    rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
-    device = torch.device("cpu")
-    g = dgl.distributed.DistGraph(config["graph_name"], part_config=args.part_config)
-    every_edge = torch.ones(g.num_edges(), dtype=torch.bool)
-    train_eids = dgl.distributed.edge_split(every_edge, g.get_partition_book(), force_even=True)
-    pairs = held_out_shares(args.part_config, rank, world)
-    # Fixed negatives: each epoch's validation ranks the same candidates, so epochs compare.
-    generator = torch.Generator().manual_seed((args.seed or 0) * 1000 + rank)
-    negatives = {name: torch.randint(0, g.num_nodes(), (pair.shape[1], args.eval_negs), generator=generator)
-                 for name, pair in pairs.items()}
-    in_feats = g.ndata["feat"].shape[1]
-    log(rank, f"graph {config['graph_name']}: {g.num_nodes()} nodes, {g.num_edges()} message-passing edges; this "
-        f"trainer: {len(train_eids)} train edges, {pairs['val'].shape[1]} val, {pairs['test'].shape[1]} test pairs")
+class Task:
+    metric = "mrr"
+    counts_correct = False
+    tests_every_epoch = False
+    sparse_optimizer = None
+    embeddings: dict[str, Any] = {}
 
-    model = DistributedDataParallel(LinkPredictor(in_feats, args.num_hidden, args.num_layers, args.dropout))
-    optimizer = torch.optim.Adam(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
-    sampler = dgl.dataloading.MultiLayerNeighborSampler([int(f) for f in args.fan_out.split(",")])
-    # DGL 2.1's DistEdgeDataLoader takes the block sampler and the edge options itself (its EdgeCollator).
-    # Both directions of a batch's edges leave its neighbourhoods: the model cannot learn to look them up.
-    loader = dgl.dataloading.DistEdgeDataLoader(
-        g, train_eids, sampler, exclude="reverse_id", reverse_eids=reverse_edge_ids(args.part_config),
-        negative_sampler=dgl.dataloading.negative_sampler.Uniform(args.num_negs),
-        batch_size=args.batch_size, shuffle=True, drop_last=False)
+    def __init__(self, args: argparse.Namespace, config: dict):
+        self.args = args
+        rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+        g = self.g = dgl.distributed.DistGraph(config["graph_name"], part_config=args.part_config)
+        self.graph_name = config["graph_name"]
+        every_edge = torch.ones(g.num_edges(), dtype=torch.bool)
+        train_eids = dgl.distributed.edge_split(every_edge, g.get_partition_book(), force_even=True)
+        self.pairs = held_out_shares(args.part_config, rank, world)
+        # Fixed negatives: each epoch's validation ranks the same candidates, so epochs compare.
+        generator = torch.Generator().manual_seed((args.seed or 0) * 1000 + rank)
+        self.negatives = {name: torch.randint(0, g.num_nodes(), (pair.shape[1], args.eval_negs), generator=generator)
+                          for name, pair in self.pairs.items()}
+        self.in_feats = g.ndata["feat"].shape[1]
+        log(rank, f"graph {config['graph_name']}: {g.num_nodes()} nodes, {g.num_edges()} message-passing edges; "
+            f"this trainer: {len(train_eids)} train edges, {self.pairs['val'].shape[1]} val, "
+            f"{self.pairs['test'].shape[1]} test pairs")
 
-    metrics = open_metrics(args, world) if rank == 0 else None
-    best = {"val_mrr": -1.0, "epoch": None, "state": None}
-    for epoch in range(args.num_epochs):
-        model.train()
-        start = time.time()
-        totals = torch.zeros(2, dtype=torch.float64)  # loss sum, positive edges
-        with model.join():
-            for step, (input_nodes, pos_graph, neg_graph, blocks) in enumerate(loader):
-                pos, neg = model(blocks, g.ndata["feat"][input_nodes], pos_graph, neg_graph)
-                loss = F.binary_cross_entropy_with_logits(
-                    torch.cat([pos, neg]), torch.cat([torch.ones_like(pos), torch.zeros_like(neg)]))
-                optimizer.zero_grad()
-                loss.backward()
-                optimizer.step()
-                totals += torch.tensor([loss.item() * len(pos), len(pos)], dtype=torch.float64)
-                if step % args.log_every == 0:
-                    log(rank, f"epoch {epoch} step {step} loss {loss.item():.4f} edges {len(pos)}")
-        epoch_time = torch.tensor([time.time() - start], dtype=torch.float64)
-        torch.distributed.all_reduce(totals)
-        torch.distributed.all_reduce(epoch_time, op=torch.distributed.ReduceOp.MAX)
-        val = rank_metrics(model.module, g, pairs["val"], negatives["val"], sampler, args.eval_batch_size)
-        if val["mrr"] > best["val_mrr"]:
-            best = {"val_mrr": val["mrr"], "epoch": epoch, "state": copy.deepcopy(model.module.state_dict())}
-        loss_sum, edges = totals.tolist()
-        record = {"event": "epoch", "epoch": epoch, "loss": loss_sum / max(edges, 1),
-                  **{f"val_{key}": value for key, value in val.items()}, "epoch_time": epoch_time.item(),
-                  "seeds_per_s": edges / epoch_time.item(), "num_trainers": world}
-        log_epoch(rank, record)
-        if metrics:
-            write_event(metrics, record)
+        self.model = DistributedDataParallel(LinkPredictor(self.in_feats, args.num_hidden, args.num_layers,
+                                                           args.dropout))
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
+        self.sampler = dgl.dataloading.MultiLayerNeighborSampler([int(f) for f in args.fan_out.split(",")])
+        # DGL 2.1's DistEdgeDataLoader takes the block sampler and the edge options itself (its EdgeCollator).
+        # Both directions of a batch's edges leave its neighbourhoods: the model cannot learn to look them up.
+        self.loader = dgl.dataloading.DistEdgeDataLoader(
+            g, train_eids, self.sampler, exclude="reverse_id", reverse_eids=reverse_edge_ids(args.part_config),
+            negative_sampler=dgl.dataloading.negative_sampler.Uniform(args.num_negs),
+            batch_size=args.batch_size, shuffle=True, drop_last=False)
 
-    test = rank_metrics(model.module, g, pairs["test"], negatives["test"], sampler, args.eval_batch_size)
-    final_state = model.module.state_dict()
-    model.module.load_state_dict(best["state"])
-    best_test = rank_metrics(model.module, g, pairs["test"], negatives["test"], sampler, args.eval_batch_size)
-    log(rank, f"test_mrr {test['mrr']:.4f} (final model), {best_test['mrr']:.4f} (best validation model, epoch "
-        f"{best['epoch']}, val_mrr {best['val_mrr']:.4f})")
-    if args.save_embeddings:
-        embeddings = model.module.encoder.inference(g, args.eval_batch_size, device)[1]
+    def step(self, batch: tuple) -> tuple[float, int, int]:
+        input_nodes, pos_graph, neg_graph, blocks = batch
+        pos, neg = self.model(blocks, self.g.ndata["feat"][input_nodes], pos_graph, neg_graph)
+        loss = F.binary_cross_entropy_with_logits(
+            torch.cat([pos, neg]), torch.cat([torch.ones_like(pos), torch.zeros_like(neg)]))
+        self.optimizer.zero_grad()
+        loss.backward()
+        self.optimizer.step()
+        return loss.item(), 0, len(pos)
+
+    def evaluate(self, split: str) -> dict[str, float]:
+        return rank_metrics(self.model.module, self.g, self.pairs[split], self.negatives[split], self.sampler,
+                            self.args.eval_batch_size)
+
+    def save_outputs(self, rank: int) -> None:
+        if not self.args.save_embeddings:
+            return
+        g = self.g
+        embeddings = self.model.module.encoder.inference(g, self.args.eval_batch_size, torch.device("cpu"))[1]
         if rank == 0:
-            orig_nids = np.load(Path(args.part_config).parent / "orig_nids.npy")
-            np.save(Path(args.out_dir) / "embeddings.npy",
+            orig_nids = np.load(Path(self.args.part_config).parent / "orig_nids.npy")
+            np.save(Path(self.args.out_dir) / "embeddings.npy",
                     to_original_order(embeddings[0 : g.num_nodes()].numpy(), orig_nids))
-    if metrics:
-        result = {**{f"test_{key}": value for key, value in test.items()},
-                  **{f"best_test_{key}": value for key, value in best_test.items()},
-                  "val_mrr": val["mrr"], "best_val_mrr": best["val_mrr"], "best_epoch": best["epoch"]}
-        write_event(metrics, {"event": "test", **result})
-        metrics.close()
-        torch.save(final_state, Path(args.out_dir) / "model.pt")
-        torch.save(best["state"], Path(args.out_dir) / "model-best.pt")
-        write_result(args, {**result, "num_trainers": world, "in_feats": in_feats, "eval_negs": args.eval_negs,
-                            "graph_name": config["graph_name"]})
+
+    def describe(self) -> dict[str, Any]:
+        return {"in_feats": self.in_feats, "eval_negs": self.args.eval_negs, "graph_name": self.graph_name}
 
 
 class LinkPredictor(nn.Module):
@@ -176,6 +155,7 @@ def rank_metrics(model, g, pairs: torch.Tensor, negatives: torch.Tensor, sampler
     loader = dgl.dataloading.DistNodeDataLoader(g, nodes, sampler, batch_size=batch_size, shuffle=False)
     with torch.no_grad():
         for input_nodes, seeds, blocks in loader if len(nodes) else []:
+            beat()
             embeddings[torch.searchsorted(nodes, seeds)] = model.encoder(blocks, g.ndata["feat"][input_nodes])
         n = pairs.shape[1]
         src, dst = embeddings[index[:n]], embeddings[index[n:2 * n]]

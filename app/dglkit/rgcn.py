@@ -4,15 +4,15 @@ blocks, featured node types projected by a linear layer, featureless ones given 
 (DistEmbedding, updated by DGL's distributed SparseAdam).
 
 The labelled node type (the category) is the one with `labels`. Every epoch validates and tests; the test
-accuracy of the best validation epoch is reported next to the final one. Rank 0 writes metrics.jsonl, model.pt
-and model-best.pt (dense weights), result.json and, on request, predictions.npy (category) and embeddings.npz
-(the category's last hidden layer, each featureless type's learnt embedding), rows in original per-type IDs.
+accuracy of the best validation epoch is reported next to the final one. dglkit.loop trains it, checkpointing the
+learnt embeddings and their optimizer state with the dense model. On request it writes predictions.npy
+(category) and embeddings.npz (the category's last hidden layer, each featureless type's learnt embedding), rows
+in original per-type IDs.
 """
 
 import argparse
-import copy
-import time
 from pathlib import Path
+from typing import Any
 
 import dgl
 import numpy as np
@@ -21,11 +21,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
-from dglkit.common import UserError
-from dglkit.train import log, log_epoch, open_metrics, to_original_order, write_event, write_result
+from dglkit.common import UserError, beat
+from dglkit.loop import log, to_original_order
 
 
-def check_rgcn(args: argparse.Namespace, config: dict) -> None:
+def check(args: argparse.Namespace, config: dict) -> None:
     if args.graphbolt:
         raise UserError("--graphbolt: the RGCN trainer samples heterogeneous graphs with DGL's own sampler; drop it")
     if (args.save_embeddings or args.save_predictions) and not (Path(args.part_config).parent / "orig_nids.npz").is_file():
@@ -95,101 +95,83 @@ class Inputs:
                 for ntype, ids in input_nodes.items()}
 
 
-def train_rgcn(args: argparse.Namespace, config: dict) -> None:
-    rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
-    g = dgl.distributed.DistGraph(config["graph_name"], part_config=args.part_config)
-    category = next(ntype for ntype in g.ntypes if "labels" in g.nodes[ntype].data)
-    book = g.get_partition_book()
-    nids = {name: dgl.distributed.node_split(g.nodes[category].data[f"{name}_mask"], book, ntype=category,
-                                             force_even=True) for name in ("train", "val", "test")}
-    labels = g.nodes[category].data["labels"]
-    num_classes = int(torch.max(labels[0 : g.num_nodes(category)])) + 1
-    feat_dims = {t: g.nodes[t].data["feat"].shape[1] for t in g.ntypes if "feat" in g.nodes[t].data}
-    log(rank, f"graph {config['graph_name']}: {dict((t, g.num_nodes(t)) for t in g.ntypes)} nodes, "
-        f"{len(g.etypes)} relations, {num_classes} classes of {category}; featureless (learnt embeddings): "
-        f"{[t for t in g.ntypes if t not in feat_dims]}; this trainer: "
-        + ", ".join(f"{len(ids)} {name}" for name, ids in nids.items()))
+class Task:
+    metric = "acc"
+    counts_correct = True
+    # The learnt embeddings move on after the best epoch: its test figures are measured at that epoch.
+    tests_every_epoch = True
 
-    inputs = Inputs(g, args.num_hidden)
-    model = RGCN(feat_dims, args.num_hidden, num_classes, g.etypes, args.num_layers, args.dropout)
-    # A block may lack some relations, whose weights then get no gradient in that step.
-    model = DistributedDataParallel(model, find_unused_parameters=True)
-    optimizer = torch.optim.Adam(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
-    sparse_optimizer = (dgl.distributed.optim.SparseAdam(list(inputs.embeddings.values()), lr=args.sparse_lr)
-                        if inputs.embeddings else None)
-    # SparseAdam's step exchanges gradients between all trainers, so all take the same number of steps: the
-    # even split differs by at most one node per trainer, which the shorter shares decide.
-    shortest = torch.tensor([len(nids["train"])])
-    torch.distributed.all_reduce(shortest, op=torch.distributed.ReduceOp.MIN)
-    sampler = dgl.dataloading.MultiLayerNeighborSampler([int(f) for f in args.fan_out.split(",")])
-    loader = dgl.dataloading.DistNodeDataLoader(g, {category: nids["train"][: int(shortest)]}, sampler,
-                                                batch_size=args.batch_size, shuffle=True, drop_last=False)
+    def __init__(self, args: argparse.Namespace, config: dict):
+        self.args = args
+        rank = torch.distributed.get_rank()
+        g = self.g = dgl.distributed.DistGraph(config["graph_name"], part_config=args.part_config)
+        self.graph_name = config["graph_name"]
+        category = self.category = next(ntype for ntype in g.ntypes if "labels" in g.nodes[ntype].data)
+        book = g.get_partition_book()
+        self.nids = {name: dgl.distributed.node_split(g.nodes[category].data[f"{name}_mask"], book, ntype=category,
+                                                      force_even=True) for name in ("train", "val", "test")}
+        self.labels = g.nodes[category].data["labels"]
+        self.num_classes = int(torch.max(self.labels[0 : g.num_nodes(category)])) + 1
+        feat_dims = {t: g.nodes[t].data["feat"].shape[1] for t in g.ntypes if "feat" in g.nodes[t].data}
+        log(rank, f"graph {config['graph_name']}: {dict((t, g.num_nodes(t)) for t in g.ntypes)} nodes, "
+            f"{len(g.etypes)} relations, {self.num_classes} classes of {category}; featureless (learnt embeddings): "
+            f"{[t for t in g.ntypes if t not in feat_dims]}; this trainer: "
+            + ", ".join(f"{len(ids)} {name}" for name, ids in self.nids.items()))
 
-    metrics = open_metrics(args, world) if rank == 0 else None
-    best = {"val_acc": -1.0, "test_acc": None, "epoch": None, "state": None}
-    for epoch in range(args.num_epochs):
-        model.train()
-        start = time.time()
-        totals = torch.zeros(3, dtype=torch.float64)  # loss sum, correct, seeds
-        for step, (input_nodes, seeds, blocks) in enumerate(loader):
-            _, logits = model(blocks, inputs(input_nodes), category)
-            y = labels[seeds[category]].long()
-            loss = F.cross_entropy(logits, y)
-            optimizer.zero_grad()
-            if sparse_optimizer:
-                sparse_optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            if sparse_optimizer:
-                sparse_optimizer.step()
-            totals += torch.tensor([loss.item() * len(y), (logits.argmax(1) == y).sum().item(), len(y)],
-                                   dtype=torch.float64)
-            if step % args.log_every == 0:
-                log(rank, f"epoch {epoch} step {step} loss {loss.item():.4f} seeds {len(y)}")
-        epoch_time = torch.tensor([time.time() - start], dtype=torch.float64)
-        torch.distributed.all_reduce(totals)
-        torch.distributed.all_reduce(epoch_time, op=torch.distributed.ReduceOp.MAX)
-        val_acc, test_acc = (evaluate(model.module, inputs, g, category, nids[name], sampler, args.eval_batch_size)
-                             for name in ("val", "test"))
-        if val_acc > best["val_acc"]:
-            best = {"val_acc": val_acc, "test_acc": test_acc, "epoch": epoch,
-                    "state": copy.deepcopy(model.module.state_dict())}
-        loss_sum, correct, seeds = totals.tolist()
-        record = {"event": "epoch", "epoch": epoch, "loss": loss_sum / max(seeds, 1),
-                  "train_acc": correct / max(seeds, 1), "val_acc": val_acc, "test_acc": test_acc,
-                  "epoch_time": epoch_time.item(), "seeds_per_s": seeds / epoch_time.item(), "num_trainers": world}
-        log_epoch(rank, record)
-        if metrics:
-            write_event(metrics, record)
+        self.inputs = Inputs(g, args.num_hidden)
+        self.embeddings = self.inputs.embeddings
+        model = RGCN(feat_dims, args.num_hidden, self.num_classes, g.etypes, args.num_layers, args.dropout)
+        # A block may lack some relations, whose weights then get no gradient in that step.
+        self.model = DistributedDataParallel(model, find_unused_parameters=True)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
+        self.sparse_optimizer = (dgl.distributed.optim.SparseAdam(list(self.embeddings.values()), lr=args.sparse_lr)
+                                 if self.embeddings else None)
+        # SparseAdam's step exchanges gradients between all trainers, so all take the same number of steps: the
+        # even split differs by at most one node per trainer, which the shorter shares decide.
+        shortest = torch.tensor([len(self.nids["train"])])
+        torch.distributed.all_reduce(shortest, op=torch.distributed.ReduceOp.MIN)
+        self.sampler = dgl.dataloading.MultiLayerNeighborSampler([int(f) for f in args.fan_out.split(",")])
+        self.loader = dgl.dataloading.DistNodeDataLoader(g, {category: self.nids["train"][: int(shortest)]},
+                                                         self.sampler, batch_size=args.batch_size, shuffle=True,
+                                                         drop_last=False)
 
-    log(rank, f"test_acc {test_acc:.4f} (final model), {best['test_acc']:.4f} (best validation epoch "
-        f"{best['epoch']}, val_acc {best['val_acc']:.4f})")
-    if args.save_embeddings or args.save_predictions:
-        save_outputs(args, model.module, inputs, g, category, rank)
-    if metrics:
-        test = {"test_acc": test_acc, "val_acc": val_acc, "best_test_acc": best["test_acc"],
-                "best_val_acc": best["val_acc"], "best_epoch": best["epoch"]}
-        write_event(metrics, {"event": "test", **test})
-        metrics.close()
-        torch.save(model.module.state_dict(), Path(args.out_dir) / "model.pt")
-        torch.save(best["state"], Path(args.out_dir) / "model-best.pt")
-        write_result(args, {**test, "num_trainers": world, "num_classes": num_classes, "category": category,
-                            "featureless_types": sorted(inputs.embeddings), "graph_name": config["graph_name"]})
+    def step(self, batch: tuple) -> tuple[float, int, int]:
+        input_nodes, seeds, blocks = batch
+        _, logits = self.model(blocks, self.inputs(input_nodes), self.category)
+        y = self.labels[seeds[self.category]].long()
+        loss = F.cross_entropy(logits, y)
+        self.optimizer.zero_grad()
+        if self.sparse_optimizer:
+            self.sparse_optimizer.zero_grad()
+        loss.backward()
+        self.optimizer.step()
+        if self.sparse_optimizer:
+            self.sparse_optimizer.step()
+        return loss.item(), (logits.argmax(1) == y).sum().item(), len(y)
 
+    def evaluate(self, split: str) -> dict[str, float]:
+        """Accuracy on the category's nodes over all trainers (each passes its own share)."""
+        model = self.model.module
+        model.eval()
+        counts = torch.zeros(2, dtype=torch.float64)
+        loader = dgl.dataloading.DistNodeDataLoader(self.g, {self.category: self.nids[split]}, self.sampler,
+                                                    batch_size=self.args.eval_batch_size, shuffle=False)
+        with torch.no_grad():
+            for input_nodes, seeds, blocks in loader:
+                beat()
+                _, logits = model(blocks, self.inputs(input_nodes), self.category)
+                y = self.labels[seeds[self.category]].long()
+                counts += torch.tensor([(logits.argmax(1) == y).sum().item(), len(y)], dtype=torch.float64)
+        torch.distributed.all_reduce(counts)
+        return {"acc": counts[0].item() / max(counts[1].item(), 1)}
 
-def evaluate(model, inputs: Inputs, g, category: str, nids, sampler, batch_size: int) -> float:
-    """Accuracy on the category's `nids` over all trainers (each passes its own split)."""
-    model.eval()
-    counts = torch.zeros(2, dtype=torch.float64)
-    loader = dgl.dataloading.DistNodeDataLoader(g, {category: nids}, sampler, batch_size=batch_size, shuffle=False)
-    with torch.no_grad():
-        for input_nodes, seeds, blocks in loader:
-            _, logits = model(blocks, inputs(input_nodes), category)
-            y = g.nodes[category].data["labels"][seeds[category]].long()
-            counts += torch.tensor([(logits.argmax(1) == y).sum().item(), len(y)], dtype=torch.float64)
-    torch.distributed.all_reduce(counts)
-    model.train()
-    return counts[0].item() / max(counts[1].item(), 1)
+    def save_outputs(self, rank: int) -> None:
+        if self.args.save_embeddings or self.args.save_predictions:
+            save_outputs(self.args, self.model.module, self.inputs, self.g, self.category, rank)
+
+    def describe(self) -> dict[str, Any]:
+        return {"num_classes": self.num_classes, "category": self.category,
+                "featureless_types": sorted(self.embeddings), "graph_name": self.graph_name}
 
 
 def save_outputs(args: argparse.Namespace, model, inputs: Inputs, g, category: str, rank: int) -> None:
@@ -205,6 +187,7 @@ def save_outputs(args: argparse.Namespace, model, inputs: Inputs, g, category: s
     model.eval()
     with torch.no_grad():
         for input_nodes, seeds, blocks in loader:
+            beat()
             h, logits = model(blocks, inputs(input_nodes), category)
             hidden[seeds[category]], predicted[seeds[category]] = h, logits.argmax(1)
     g.barrier()

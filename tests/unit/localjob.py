@@ -83,6 +83,30 @@ def start_local_job(job_dir: Path, part_config: Path, node: str, *args: object,
     return launch, [base, base + 1, base + 2]
 
 
+def epochs_done(job_dir: Path) -> int:
+    """Epoch records in the job's metrics.jsonl so far."""
+    try:
+        lines = (job_dir / "metrics.jsonl").read_text().splitlines()
+    except OSError:
+        return 0
+    return sum('"event": "epoch"' in line for line in lines)
+
+
+def kill_trainer_after(job_dir: Path, launch: subprocess.Popen, epochs: int, node: str, rank: int = 1) -> None:
+    """SIGKILL trainer `rank` of a running --local job once `epochs` epochs are recorded and checkpointed."""
+    import json
+
+    import psutil
+
+    deadline = time.time() + 480
+    while epochs_done(job_dir) < epochs or not (job_dir / "checkpoint.pt").exists():
+        assert launch.poll() is None and time.time() < deadline, (job_dir / "launch.out").read_text()[-3000:]
+        time.sleep(0.3)
+    status = json.loads((job_dir / f"nodes/{node}/status.json").read_text())
+    torchrun = next(p["pid"] for p in status["processes"] if p["name"] == "trainers")
+    next(p for p in psutil.Process(torchrun).children() if p.environ().get("RANK") == str(rank)).kill()
+
+
 def assert_job_gone(job_dir: Path, ports: list[int], shm_before: set[str]) -> None:
     """No process (servers, trainers, samplers: they carry DGL_IP_CONFIG), listening port or /dev/shm file
     of the job is left."""

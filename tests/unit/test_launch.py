@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from localjob import ENDLESS_TRAIN_ARGS, TRAIN_ARGS, assert_job_gone, free_ports, start_launch, start_local_job
-from dglkit.train import DistSAGE, to_original_order
+from dglkit.loop import to_original_order
+from dglkit.sage import DistSAGE
 
 NUM_CLASSES = 5
 

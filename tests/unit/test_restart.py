@@ -9,7 +9,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from localjob import assert_job_gone, start_local_job
+from localjob import assert_job_gone, epochs_done, kill_trainer_after, start_local_job
 from dglkit.common import read_json
 from dglkit.launch import HeartbeatWatch
 
@@ -23,28 +23,13 @@ def start_restartable_job(job_dir: Path, part_config: Path, epochs: int):
     return launch, ports, shm_before
 
 
-def epochs_done(job_dir: Path) -> int:
-    try:
-        lines = (job_dir / "metrics.jsonl").read_text().splitlines()
-    except OSError:
-        return 0
-    return sum('"event": "epoch"' in line for line in lines)
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_a_killed_trainer_restarts_from_the_checkpoint_and_completes(partition_1, tmp_path):
     job_dir = tmp_path / "job"
     # Long enough to kill a trainer after a checkpoint and before the end.
     launch, ports, shm_before = start_restartable_job(job_dir, partition_1, 12)
-    deadline = time.time() + 480
-    while epochs_done(job_dir) < 3:
-        assert launch.poll() is None and time.time() < deadline, (job_dir / "launch.out").read_text()[-3000:]
-        time.sleep(0.3)
-    status = json.loads((job_dir / "nodes/n1/status.json").read_text())
-    torchrun = next(p["pid"] for p in status["processes"] if p["name"] == "trainers")
-    victim = next(p for p in psutil.Process(torchrun).children() if p.environ().get("RANK") == "1")
-    victim.kill()
+    kill_trainer_after(job_dir, launch, 3, "n1")
 
     assert launch.wait(timeout=600) == 0, (job_dir / "launch.out").read_text()[-3000:]
     # The first attempt's failure and logs are kept apart from the second's.
