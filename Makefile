@@ -9,17 +9,25 @@ DEMO        := demo
 DEMO_INV    := /var/lib/dglkit-testcluster/$(DEMO)/inventory
 APT_PACKAGES := debootstrap python3-venv systemd-container qemu-system-x86 qemu-utils dpkg-dev iproute2 openssh-client rsync nftables
 
-.PHONY: deps setup test test-unit test-e2e test-vm demo demo-down lint
+LOCK        := app/requirements/node.lock
+UV          ?= $(VENV)/bin/uv
+# The node environment as PyPI had it when dgl 2.1.0 came out (2024-03-05), the versions DGL's examples and CI
+# ran with. The newest instead: certifi, idna, requests, urllib3 (network and TLS: security fixes), psutil (the
+# launcher needs 6) and packaging (pytest needs >= 24 in the controller venv). One resolution for Python 3.10-3.12.
+LOCK_FLAGS  := --universal --python-version 3.10 --exclude-newer 2024-03-06 \
+	$(foreach p,certifi idna requests urllib3 psutil packaging,--exclude-newer-package $(p)=false) \
+	--excludes app/requirements/node-excluded.txt --generate-hashes --custom-compile-command 'make lock'
+
+.PHONY: deps setup test test-unit test-e2e test-vm demo demo-down lint lock
 
 deps:  ## Debian packages the harness needs on this machine
 	apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(APT_PACKAGES)
 
 # The wheelhouse (and the test hosts' root and apt repository) come from `stage`, which is cached.
-$(VENV)/.complete: app/requirements/node.txt app/requirements/ogb.txt requirements-dev.txt
+$(VENV)/.complete: $(LOCK) requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install -q --no-index --find-links $(WHEELHOUSE) -r app/requirements/node.txt
-	$(VENV)/bin/pip install -q --no-index --no-deps --find-links $(WHEELHOUSE) -r app/requirements/ogb.txt
+	$(VENV)/bin/pip install -q --no-index --find-links $(WHEELHOUSE) --require-hashes --no-deps -r $(LOCK)
 	$(VENV)/bin/pip install -q -r requirements-dev.txt
 	$(VENV)/bin/pip install -q --no-deps -e app
 	touch $@
@@ -46,6 +54,13 @@ test-e2e: setup
 
 test-vm: setup  ## the whole VM tier, its longest tests included (needs the e2e tier's venv seed)
 	$(VENV)/bin/pytest -m vm tests/vm
+
+# Needs PyPI. The dry runs check that every locked package has a wheel for each supported Python.
+lock:  ## app/requirements/node.lock (every package, with hashes) from node.in, after changing node.in
+	$(UV) pip compile $(LOCK_FLAGS) -o $(LOCK) app/requirements/node.in
+	target=$$(mktemp -d); status=0; for v in 3.10 3.11 3.12; do $(UV) pip install -q --dry-run --require-hashes \
+	  --no-deps --no-build --python-platform x86_64-manylinux_2_28 --python-version $$v --target $$target \
+	  -r $(LOCK) || { status=1; break; }; done; rm -rf $$target; exit $$status
 
 lint: setup
 	$(VENV)/bin/ansible-lint

@@ -22,6 +22,7 @@ from typing import Iterator
 CACHE = Path("/var/cache/dglkit")
 REPO_ROOT = Path(__file__).resolve().parents[2]
 STAGED_PACKAGES = Path(__file__).with_name("staged-packages.txt")
+NODE_LOCK = REPO_ROOT / "app" / "requirements" / "node.lock"
 TEST_PROGRAM_REQUIREMENTS = REPO_ROOT / "tests" / "programs" / "train_dist" / "requirements.txt"
 SUITE = "bookworm"
 
@@ -144,35 +145,43 @@ cp var/cache/apt/archives/*.deb {debs}/
 
 
 def build_wheelhouse() -> Path:
-    """The pinned node environment as wheels, plus the extra requirement of the test program (which the node
-    environment lacks); skipped when the stamp matches and every wheel is there."""
+    """The locked node environment as wheels, plus the extra requirement of the test program (which the node
+    environment lacks); skipped when this recipe's record is there and every wheel it lists. pip only adds files:
+    checkouts with other locks share the directory, each with its own record."""
     dest = CACHE / "wheelhouse"
-    reqs = REPO_ROOT / "app" / "requirements"
-    stamp_file = dest / ".stamp.json"
-    stamp = recipe_hash((reqs / "node.txt").read_text(), (reqs / "ogb.txt").read_text(),
-                        TEST_PROGRAM_REQUIREMENTS.read_text())
-    if stamp_file.is_file():
-        recorded = json.loads(stamp_file.read_text())
-        if recorded["recipe"] == stamp and all((dest / w).is_file() for w in recorded["wheels"]):
-            return dest
+    stamp = recipe_hash(NODE_LOCK.read_text(), TEST_PROGRAM_REQUIREMENTS.read_text())
+    stamp_file = dest / f".stamp-{stamp}.json"
+    if stamp_file.is_file() and all((dest / w).is_file() for w in json.loads(stamp_file.read_text())):
+        return dest
     if sys.version_info[:2] != (3, 11):
         sys.exit("error: the wheelhouse is for the hosts' Python 3.11: run stage with a Python 3.11 interpreter")
     log(f"pip download into {dest}")
     dest.mkdir(parents=True, exist_ok=True)
     pip = [sys.executable, "-m", "pip", "download", "-q", "-d", str(dest)]
-    run(pip + ["-r", str(reqs / "node.txt")])
-    run(pip + ["--no-deps", "-r", str(reqs / "ogb.txt")])
+    # --no-deps: the lock is the whole environment (ogb without the dependency it must not have).
+    run(pip + ["--require-hashes", "--no-deps", "-r", str(NODE_LOCK)])
     run(pip + ["-r", str(TEST_PROGRAM_REQUIREMENTS)])
     wheels = sorted(p.name for p in dest.iterdir() if not p.name.startswith("."))
-    stamp_file.write_text(json.dumps({"recipe": stamp, "wheels": wheels}))
+    stamp_file.write_text(json.dumps(wheels))
     return dest
 
 
+def read_lock(path: Path = NODE_LOCK) -> list[tuple[str, list[str]]]:
+    """A requirements file in pip's hash-checking format as (requirement, options) per entry: continuation lines
+    joined, comments dropped; the options are the `--` words after the requirement (`--hash=sha256:...`)."""
+    entries = []
+    for line in re.sub(r"\\\n", " ", path.read_text()).splitlines():
+        line = re.sub(r"(^|\s)#.*", "", line).strip()
+        if line:
+            requirement, *options = re.split(r"\s+(?=--)", line)
+            entries.append((requirement, options))
+    return entries
+
+
 def venv_seed(host_python: str) -> Path:
-    """Where a venv that site.yml built for the current pins on hosts of `host_python` (`python3 -V`) is kept,
+    """Where a venv that site.yml built from the current lock on hosts of `host_python` (`python3 -V`) is kept,
     so that later test hosts start from it (tests/e2e/conftest.py keeps it, the VM tier mounts it)."""
-    pins = "".join(path.read_text() for path in sorted((REPO_ROOT / "app" / "requirements").glob("*.txt")))
-    return CACHE / "venv-seed" / hashlib.sha256(f"{host_python}\n{pins}".encode()).hexdigest()[:16]
+    return CACHE / "venv-seed" / hashlib.sha256(f"{host_python}\n{NODE_LOCK.read_text()}".encode()).hexdigest()[:16]
 
 
 @contextmanager

@@ -7,6 +7,8 @@ The tests run in file order on one cluster: the later ones reshape it.
 """
 from __future__ import annotations
 
+import base64
+import json
 import re
 from contextlib import contextmanager
 from pathlib import Path
@@ -14,6 +16,8 @@ from typing import TYPE_CHECKING, Iterator
 
 import pytest
 import yaml
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 import staging  # tests/cluster: on the path since conftest.py
 from jobhelpers import flat
@@ -22,7 +26,7 @@ if TYPE_CHECKING:
     from conftest import Cluster, PlaybookRun
 
 REPO = Path(__file__).resolve().parents[2]
-PINS = dict(re.findall(r"(?m)^(dgl|torch)==(\S+)$", (REPO / "app/requirements/node.txt").read_text()))
+PINS = dict(re.findall(r"(?m)^(dgl|torch)==(\S+) ", staging.NODE_LOCK.read_text()))
 WORKSPACE = "/srv/dglkit"
 USER, UID = "dglkit", 30050  # the job account and its default ids
 # The wheels tests/cluster/staging.py downloaded, on the controller: site.yml copies them to the workspace.
@@ -135,6 +139,53 @@ def test_a_re_run_skips_the_slow_steps_and_redoes_those_whose_records_went_stale
     assert task_statuses(run.output, slow[1]) == {"node1": {"ok"}}
     assert task_statuses(run.output, slow[2]) == {"node1": {"skipping"}, "node2": {"ok"}, "node3": {"skipping"}}
     assert (cluster.workspace / "app/dglkit/watch.py").read_text() == (REPO / "app/dglkit/watch.py").read_text()
+    assert cluster.playbook("site.yml").changed_hosts() == []
+
+
+# Run by the node venv's python: the distributions installed in the venv (not the app on its .pth path) and the
+# host's values for the lock's environment markers.
+VENV_CONTENTS = """
+import importlib.metadata, json, sysconfig
+from packaging.markers import default_environment
+paths = sorted({sysconfig.get_path("purelib"), sysconfig.get_path("platlib")})
+print(json.dumps({"installed": {d.metadata["Name"]: d.version for d in importlib.metadata.distributions(path=paths)},
+                  "environment": default_environment()}))
+"""
+
+
+def venv_and_lock(cluster: Cluster, host: str) -> tuple[dict[str, str], dict[str, str]]:
+    """The node venv's packages as the job account on `host` finds them, and the lock's packages for that host (its
+    markers evaluated there), both {name: version}; venv's own pip and setuptools are left out."""
+    script = base64.b64encode(VENV_CONTENTS.encode()).decode()
+    found = json.loads(cluster.ssh(host, as_job_user(f"echo {script} | base64 -d | {WORKSPACE}/venv/bin/python -")).stdout)
+    installed = {canonicalize_name(name): version for name, version in found["installed"].items()}
+    locked = {}
+    for requirement, _ in staging.read_lock():
+        req = Requirement(requirement)
+        if req.marker is None or req.marker.evaluate(found["environment"]):
+            locked[canonicalize_name(req.name)] = str(next(iter(req.specifier)).version)
+    return {name: version for name, version in installed.items() if name not in ("pip", "setuptools")}, locked
+
+
+def test_the_node_venv_holds_exactly_the_lock(cluster: Cluster, runs: dict[str, PlaybookRun]) -> None:
+    installed, locked = venv_and_lock(cluster, "node2")
+    assert installed == locked
+    assert {"scikit-learn", "nvidia-cudnn-cu12", "triton", "ogb"} <= set(installed) and "outdated" not in installed
+
+
+def test_site_brings_a_drifted_venv_back_to_the_lock(cluster: Cluster, runs: dict[str, PlaybookRun]) -> None:
+    # A package the lock lacks added, a locked one removed, and the record of the installed pin set stale (as after
+    # a kit upgrade that changed the lock).
+    pip = f"{WORKSPACE}/venv/bin/pip"
+    cluster.ssh("node1", f"{pip} install -q --no-index --find-links {WORKSPACE}/wheelhouse tabulate"
+                         f" && {pip} uninstall -q -y scikit-learn"
+                         f" && echo stale > {WORKSPACE}/venv/dglkit-requirements/installed.txt")
+    installed, locked = venv_and_lock(cluster, "node2")
+    assert set(installed) ^ set(locked) == {"tabulate", "scikit-learn"}
+    run = cluster.playbook("site.yml")
+    assert task_statuses(run.output, "python_env : Remove the packages the lock does not have") == {"node1": {"changed"}}
+    installed, locked = venv_and_lock(cluster, "node2")
+    assert installed == locked
     assert cluster.playbook("site.yml").changed_hosts() == []
 
 
