@@ -37,6 +37,16 @@ print(json.dumps({'procs': procs, 'ports': sorted(dgl), 'shm': os.listdir('/dev/
 CLEAN = {"procs": [], "ports": [], "shm": [], "unit": "inactive"}
 
 
+def as_job_user(command: str) -> str:
+    """A shell command as the job account (the default dglkit_user)."""
+    return f"runuser -u dglkit -- sh -c '{command}'"
+
+
+def mesh_ssh(target: str) -> str:
+    """The job account's ssh to target with the kit's settings alone (its own known_hosts unused)."""
+    return as_job_user(f"ssh -o BatchMode=yes -o StrictHostKeyChecking=yes -o UserKnownHostsFile=/dev/null {target} hostname")
+
+
 def flat(output: str) -> str:
     """Output with the YAML callback's line wrapping undone."""
     return " ".join(output.split())

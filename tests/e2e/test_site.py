@@ -20,7 +20,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 import staging  # tests/cluster: on the path since conftest.py
-from jobhelpers import flat
+from jobhelpers import flat, mesh_ssh
 
 if TYPE_CHECKING:
     from conftest import Cluster, PlaybookRun
@@ -224,15 +224,6 @@ def test_account_ids_taken_on_a_host_are_refused_before_any_change(cluster: Clus
     assert run.changed_hosts() == [], run.recap
     for host in cluster.hosts():
         assert cluster.ssh(host, "getent passwd dgltwo", check=False).returncode == 2, host
-
-
-def as_job_user(command: str) -> str:
-    return f"runuser -u {USER} -- sh -c '{command}'"
-
-
-def mesh_ssh(target: str) -> str:
-    """The job account's ssh to target with the kit's settings alone (its own known_hosts unused)."""
-    return as_job_user(f"ssh -o BatchMode=yes -o StrictHostKeyChecking=yes -o UserKnownHostsFile=/dev/null {target} hostname")
 
 
 def test_the_job_account_sshes_node_to_node_with_strict_host_key_checking(cluster: Cluster,

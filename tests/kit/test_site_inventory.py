@@ -63,12 +63,12 @@ def make_inventory(root: Path, storage: list[str], workers: list[str], hostvars:
     return inventory
 
 
-def site(inventory: Path, *args: str) -> Run:
+def site(inventory: Path, *args: str, playbook: str = "site.yml") -> Run:
     env = {**os.environ, "ANSIBLE_STDOUT_CALLBACK": "json", "ANSIBLE_NOCOLOR": "1"}
     hosts = inventory.parent / "etc-hosts"
     hosts.write_text(Path("/etc/hosts").read_text() + NAMES)
     proc = subprocess.run(["unshare", "--net", "--mount", "--map-root-user", "sh", "-ec", NETNS, hosts,
-                           BIN / "ansible-playbook", "-i", inventory, "site.yml", *args], cwd=REPO, env=env,
+                           BIN / "ansible-playbook", "-i", inventory, playbook, *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=300)
     report = json.loads(proc.stdout)
     failures, diffs = [], []
@@ -137,6 +137,17 @@ BAD_PLATFORMS = {
                "node2: Python 3.13 (/usr/bin/python3) has no wheels in the 'pypi' pin set, which needs "
                "Python 3.10, 3.11, 3.12"),
 }
+# playbooks/remove_node.yml on node1 (storage), node2 and node3 (workers): refused before any host is contacted.
+# id -> (extra arguments, expected message)
+BAD_REMOVALS = {
+    "remove-nothing": ([], "Name the hosts to remove: -e dglkit_remove_nodes=node3"),
+    "remove-unknown": (["-e", "dglkit_remove_nodes=node3,node9"],
+                       "dglkit_remove_nodes names node9, not in the inventory's cluster group"),
+    "remove-storage": (["-e", "dglkit_remove_nodes=node1"],
+                       "node1 is the storage host: it holds the workspace every node uses"),
+    "remove-every-worker": (["-e", '{"dglkit_remove_nodes": ["node2", "node3"]}'],
+                            "Removing node2, node3 leaves no worker: keep at least one"),
+}
 # Cluster addresses that resolve but are not the host's own: refused by the platform check. id -> (hostvars, message)
 BAD_ADDRESSES = {
     "not-on-host": ({"node3": {"dglkit_cluster_address": "10.99.0.5"}},
@@ -168,6 +179,14 @@ def exports_run(root: Path) -> list[Run]:
     return [run]
 
 
+def leaving_run(root: Path) -> list[Run]:
+    """site.yml with node3 leaving (as remove_node.yml runs it): the NFS exports, the firewall set and ip_config.txt
+    of the hosts that stay, shown by --check --diff."""
+    inventory = make_inventory(root, ["node1"], ["node2", "node3"], dglkit_shared_fs="nfs")
+    return [site(inventory, "--tags", "exports,firewall_rules,ip_config", "--check", "--diff", "--limit", "localhost,node1",
+                 "-e", "dglkit_remove_nodes=node3", "-e", f"nfs_server_exports_file={root / 'exports.d/dglkit.exports'}")]
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[Run]]:
     # case -> job(directory of its own) -> runs
@@ -183,6 +202,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[Run]]:
         "ip-resolved": lambda root: ip_config_runs(root, [(["node1"], ["node2", "node3"], {
             "node2": {"dglkit_cluster_address": "127.0.5.2"}, "node3": {"dglkit_cluster_address": "localhost"}})]),
         "exports": exports_run,
+        "leaving": leaving_run,
         # The storage host's rules (NFS included), for cluster addresses that the attack test below uses.
         "firewall": lambda root: [site(make_inventory(root, ["node1"], ["node2", "node3"], FIREWALL_ADDRESSES,
                                                       dglkit_shared_fs="nfs"),
@@ -191,6 +211,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[Run]]:
     for case, (storage, workers, hostvars, settings, _) in BAD_INVENTORIES.items():
         jobs[case] = (lambda root, s=storage, w=workers, h=hostvars, o=settings:
                       [site(make_inventory(root, s, w, h, **o))])
+    for case, (args, _) in BAD_REMOVALS.items():
+        jobs[case] = lambda root, a=args: [site(make_inventory(root, ["node1"], ["node2", "node3"]), *a,
+                                                playbook="playbooks/remove_node.yml")]
     for case, (hostvars, _) in BAD_ADDRESSES.items():
         jobs[case] = lambda root, h=hostvars: [site(make_inventory(root, ["node1"], ["node2", "node3"], h))]
     for case, (facts, _) in BAD_PLATFORMS.items():
@@ -264,6 +287,25 @@ def test_exports_list_only_the_cluster_hosts(runs: dict[str, list[Run]]) -> None
     assert len(run.diffs) == 1, run.diffs
     export = [line for line in run.diffs[0].splitlines() if line and not line.startswith("#")]
     assert export == [f"{run.workspace} " + " ".join(f"127.0.0.{n}{EXPORT_OPTIONS}" for n in (11, 12, 13))]
+
+
+@pytest.mark.parametrize("case", BAD_REMOVALS)
+def test_a_bad_removal_request_fails_before_any_host_is_contacted(runs: dict[str, list[Run]], case: str) -> None:
+    [run] = runs[case]
+    assert run.returncode != 0
+    assert run.failures and all(f.startswith("localhost: ") for f in run.failures), run.failures
+    assert BAD_REMOVALS[case][-1] in run.failures[0], run.failures
+    assert set(run.stats) == {"localhost"}
+
+
+def test_a_leaving_host_is_out_of_the_exports_the_firewall_and_ip_config(runs: dict[str, list[Run]]) -> None:
+    [run] = runs["leaving"]
+    assert run.returncode == 0 and run.failures == [], run.failures
+    assert "node3" not in run.stats, run.stats
+    lines = [line.strip() for diff in run.diffs for line in diff.splitlines() if line and not line.startswith("#")]
+    assert f"{run.workspace} " + " ".join(f"127.0.0.{n}{EXPORT_OPTIONS}" for n in (11, 12)) in lines, lines
+    assert "elements = { 127.0.0.11, 127.0.0.12 }" in lines, lines
+    assert "127.0.0.12 30050" in lines and "127.0.0.13 30050" not in lines, lines
 
 
 # Listens on every port given; prints "ready" once it does.
