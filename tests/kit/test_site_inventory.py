@@ -67,15 +67,15 @@ def make_inventory(root: Path, storage: list[str], workers: list[str], hostvars:
     return inventory
 
 
-def site(inventory: Path, *args: str, etc: dict[str, str] | None = None) -> Run:
-    """site.yml ARGS in a network and mount namespace of its own; etc: lines added to its /etc files."""
+def site(inventory: Path, *args: str, etc: dict[str, str] | None = None, playbook: str = "site.yml") -> Run:
+    """PLAYBOOK ARGS in a network and mount namespace of its own; etc: lines added to its /etc files."""
     env = {**os.environ, "ANSIBLE_STDOUT_CALLBACK": "json", "ANSIBLE_NOCOLOR": "1"}
     binds = inventory.parent / "etc"
     binds.mkdir(exist_ok=True)
     for name, lines in {"hosts": NAMES, **(etc or {})}.items():
         (binds / name).write_text(Path("/etc", name).read_text() + lines)
     proc = subprocess.run(["unshare", "--net", "--mount", "--map-root-user", "sh", "-ec", NETNS, binds,
-                           BIN / "ansible-playbook", "-i", inventory, "site.yml", *args], cwd=REPO, env=env,
+                           BIN / "ansible-playbook", "-i", inventory, playbook, *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=300)
     report = json.loads(proc.stdout)
     failures, diffs = [], []
@@ -89,6 +89,8 @@ def site(inventory: Path, *args: str, etc: dict[str, str] | None = None) -> Run:
     return Run(proc.returncode, failures, report["stats"], diffs, inventory.parent / "ws")
 
 
+# Playbooks whose later plays need what the inventory checks publish on localhost.
+LIMITED = ["site.yml", "playbooks/train.yml", "playbooks/preflight.yml"]
 # id -> (storage, workers, hostvars, settings, expected message)
 BAD_INVENTORIES = {
     "no-storage": ([], ["node2"], {}, {}, "No host in group storage: list exactly one host under storage"),
@@ -206,6 +208,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[Run]]:
     }
     # Checks only: this is the controller's own root, which a missed clash must not change.
     jobs["uid-clash"] = lambda root: [site(make_inventory(root, ["node1"], ["node2"]), "--tags", "validate", etc=CLASH)]
+    for playbook in LIMITED:
+        jobs[f"limit-{playbook}"] = lambda root, p=playbook: [site(make_inventory(root, ["node1"], ["node2"]),
+                                                                   "--limit", "node1,node2", playbook=p)]
     for case, (storage, workers, hostvars, settings, _) in BAD_INVENTORIES.items():
         jobs[case] = (lambda root, s=storage, w=workers, h=hostvars, o=settings:
                       [site(make_inventory(root, s, w, h, **o))])
@@ -260,6 +265,16 @@ def test_another_account_or_group_holding_the_job_accounts_ids_is_refused_on_eve
     assert sorted(run.failures) == [f"{host}: {host}: uid 30050 belongs to the account clash: set dglkit_user_uid to a uid that "
                                     "is free on every node; gid 30050 belongs to the group clashers: set dglkit_user_gid "
                                     "to a gid that is free on every node" for host in ("node1", "node2")], run.failures
+    assert all(counts["changed"] == 0 for counts in run.stats.values())
+
+
+@pytest.mark.parametrize("playbook", LIMITED)
+def test_a_limit_without_localhost_says_to_add_it(runs: dict[str, list[Run]], playbook: str) -> None:
+    [run] = runs[f"limit-{playbook}"]
+    assert run.returncode != 0
+    assert run.failures[0] == ("node1: --limit node1,node2 leaves out localhost, where the kit checks the inventory and "
+                               "resolves the cluster addresses before it contacts any host: add it, "
+                               "--limit 'localhost,node1,node2'"), run.failures
     assert all(counts["changed"] == 0 for counts in run.stats.values())
 
 
