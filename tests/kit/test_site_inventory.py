@@ -44,6 +44,7 @@ class Run:
     stats: dict[str, dict[str, int]]
     diffs: list[str]  # rendered files that --diff shows
     workspace: Path
+    results: dict[str, dict[str, dict]]  # task name -> host -> its result
 
 
 def make_inventory(root: Path, storage: list[str], workers: list[str], hostvars: dict | None = None,
@@ -78,15 +79,16 @@ def site(inventory: Path, *args: str, etc: dict[str, str] | None = None, playboo
                            BIN / "ansible-playbook", "-i", inventory, playbook, *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=300)
     report = json.loads(proc.stdout)
-    failures, diffs = [], []
+    failures, diffs, results = [], [], {}
     for task in (task for play in report["plays"] for task in play["tasks"]):
+        results.setdefault(task["task"]["name"], {}).update(task["hosts"])
         for host, result in task["hosts"].items():
             # A loop's own message only says that items failed; the items say what.
             for item in result.get("results") or [result]:
                 if item.get("failed") or item.get("unreachable"):
                     failures.append(f"{host}: " + " ".join(str(item.get("msg", "")).split()))
             diffs += [diff["after"] for diff in result.get("diff", []) if "after" in diff]
-    return Run(proc.returncode, failures, report["stats"], diffs, inventory.parent / "ws")
+    return Run(proc.returncode, failures, report["stats"], diffs, inventory.parent / "ws", results)
 
 
 # Playbooks whose later plays need what the inventory checks publish on localhost.
@@ -206,6 +208,11 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[Run]]:
                                                       dglkit_shared_fs="nfs"),
                                        "--tags", "firewall_rules", "--check", "--diff", "--limit", "localhost,node1")],
     }
+    # The mount task in check mode (no fstab written, nothing mounted), with options that try to allow
+    # setuid files and devices on the export.
+    jobs["mount-options"] = lambda root: [site(make_inventory(
+        root, ["node1"], ["node2", "node3"], dglkit_shared_fs="nfs", nfs_client_mount_options="rw,suid,hard,dev,vers=4.2"),
+        "--tags", "nfs_mount", "--check")]
     # Checks only: this is the controller's own root, which a missed clash must not change.
     jobs["uid-clash"] = lambda root: [site(make_inventory(root, ["node1"], ["node2"]), "--tags", "validate", etc=CLASH)]
     for playbook in LIMITED:
@@ -276,6 +283,15 @@ def test_a_limit_without_localhost_says_to_add_it(runs: dict[str, list[Run]], pl
                                "resolves the cluster addresses before it contacts any host: add it, "
                                "--limit 'localhost,node1,node2'"), run.failures
     assert all(counts["changed"] == 0 for counts in run.stats.values())
+
+
+def test_nfs_clients_mount_with_nosuid_and_nodev_whatever_the_inventory_gives(runs: dict[str, list[Run]]) -> None:
+    [run] = runs["mount-options"]
+    assert run.returncode == 0 and run.failures == [], run.failures
+    mounts = run.results["nfs_client : Mount the workspace now and at boot"]
+    # The clients; node1 serves the export.
+    assert {host: result["opts"] for host, result in mounts.items() if not result.get("skipped")} == {
+        host: "rw,hard,vers=4.2,nosuid,nodev" for host in ("node2", "node3")}
 
 
 def test_an_unreachable_host_stops_the_run_with_its_name(runs: dict[str, list[Run]]) -> None:
