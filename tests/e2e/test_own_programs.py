@@ -82,6 +82,19 @@ def test_a_launchpy_program_trains_with_a_requirement_from_the_wheelhouse(site: 
     assert_no_program_left(site)
 
 
+def test_a_program_without_requirements_runs_with_the_node_venv(site: Cluster, runs: Path):
+    # requirements.txt is optional: one launch.py-style script is a whole program.
+    bare = PROGRAM.parent / "feature_sum"
+    assert [p.name for p in bare.iterdir() if p.name != "__pycache__"] == ["feature_sum.py"]
+    run = run_program(site, runs, bare, "python3 feature_sum.py --graph_name {graph_name} --ip_config {ip_config} "
+                      "--part_config {part_config} --output_dir {output_dir}")
+    folder = run_folder(run.output)
+    assert folder.name.startswith("feature_sum-synthetic-2w-") and "[node2 succeeded, node3 succeeded]" in flat(run.output)
+    assert json.loads((folder / "result.json").read_text())["num_nodes"] == 20000
+    assert job_of(folder)["python_env"] == "/srv/dglkit/venv"
+    assert_no_program_left(site)
+
+
 def test_the_same_program_silent_longer_than_the_stall_timeout_is_not_copied_again(
         site: Cluster, runs: Path, program: Path):
     versions = sorted(p.name for p in (site.workspace / "programs").iterdir())

@@ -29,8 +29,10 @@ FIREWALL_ADDRESSES = {f"node{n}": {"dglkit_cluster_address": f"10.77.250.{10 + n
 OWN_ADDRESSES = ([f"127.0.0.{10 + n}" for n in range(1, 10)] + ["127.0.5.2"]
                  + [v["dglkit_cluster_address"] for v in FIREWALL_ADDRESSES.values()])
 NAMES = "127.0.9.9 elsewhere.kit.test\n"
-# $0: a directory of files to bind over /etc's (hosts always; passwd and group for the account checks).
-NETNS = ('for f in "$0"/*; do mount --bind "$f" "/etc/${f##*/}"; done; mount -t sysfs sysfs /sys; ip link set lo up; '
+# $0: a directory of files to bind over /etc's (hosts always; passwd and group for the account checks). A /run
+# of its own: site.yml takes its lock there on the storage host, which is this machine for every run at once.
+NETNS = ('for f in "$0"/*; do mount --bind "$f" "/etc/${f##*/}"; done; mount -t sysfs sysfs /sys; '
+         'mount -t tmpfs tmpfs /run; ip link set lo up; '
          + "".join(f"ip addr add {a}/8 dev lo; " for a in OWN_ADDRESSES) + 'exec "$@"')
 # A second account and group holding the job account's ids (useradd -o -u 30050 clash), after the job account.
 CLASH = {"passwd": "dglkit:x:30050:30050::/home/dglkit:/bin/sh\nclash:x:30050:30051::/home/clash:/bin/sh\n",
