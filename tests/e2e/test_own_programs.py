@@ -1,6 +1,6 @@
 """playbooks/train.yml running the user's own program instead of the kit's trainer, on the training cluster
 (node1 storage, node2 and node3 workers; conftest.train_cluster): tests/programs/train_dist, written for DGL's tools/launch.py, with an
-extra requirement that only the wheelhouse has. The same program again is not copied again; a changed one runs
+extra requirement that only the wheelhouse has; tests/programs/feature_sum, with none. The same program again is not copied again; a changed one runs
 as a new version; a program silent for longer than the stall timeout completes; a crashing one stops every
 node; bad input fails before anything starts.
 

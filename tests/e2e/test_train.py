@@ -1,7 +1,8 @@
 """playbooks/train.yml, status.yml and stop.yml on the training cluster (node1 storage, node2 and node3
 workers; conftest.train_cluster: stood up once with site.yml, firewall on, node3's cluster address given as a
 host name; test_builtin_tasks and test_own_programs use it first): training across hosts, the same job again
-(changed=0), a job needing ports the firewall keeps closed, a trainer killed while the controller is away (restart
+(changed=0), two site.yml at once (the second refused by the first's lock), ip_config.txt with a line that
+is no worker's, a job needing ports the firewall keeps closed, a trainer killed while the controller is away (restart
 from the checkpoint, then a new train.yml attaches), a server killed with no restarts (fails fast), an outsider on
 the cluster network probing a running job and stop.yml during a restart, a worker host that shuts down and boots
 again mid-job (the job restarts with it), stop.yml while the job waits for a host that is down, and a worker host
