@@ -1,6 +1,6 @@
 """playbooks/train.yml running the user's own program instead of the kit's trainer, on the training cluster
 (node1 storage, node2 and node3 workers; conftest.train_cluster): tests/programs/train_dist, written for DGL's tools/launch.py, with an
-extra requirement that only the wheelhouse has. The same program again is not copied again; a changed one runs
+extra requirement that only the wheelhouse has; tests/programs/feature_sum, with none. The same program again is not copied again; a changed one runs
 as a new version; a program silent for longer than the stall timeout completes; a crashing one stops every
 node; bad input fails before anything starts.
 
@@ -79,6 +79,19 @@ def test_a_launchpy_program_trains_with_a_requirement_from_the_wheelhouse(site: 
     versions = site.ssh("node2", f"DGLBACKEND=pytorch {env}/bin/python -c 'import tabulate, dgl, torch; "
                         "print(torch.__version__, dgl.__version__)'").stdout.split()
     assert versions[-2:] == ["2.2.1+cu121", "2.1.0"], versions  # the node venv's pins, untouched
+    assert_no_program_left(site)
+
+
+def test_a_program_without_requirements_runs_with_the_node_venv(site: Cluster, runs: Path):
+    # requirements.txt is optional: one launch.py-style script is a whole program.
+    bare = PROGRAM.parent / "feature_sum"
+    assert [p.name for p in bare.iterdir() if p.name != "__pycache__"] == ["feature_sum.py"]
+    run = run_program(site, runs, bare, "python3 feature_sum.py --graph_name {graph_name} --ip_config {ip_config} "
+                      "--part_config {part_config} --output_dir {output_dir}")
+    folder = run_folder(run.output)
+    assert folder.name.startswith("feature_sum-synthetic-2w-") and "[node2 succeeded, node3 succeeded]" in flat(run.output)
+    assert json.loads((folder / "result.json").read_text())["num_nodes"] == 20000
+    assert job_of(folder)["python_env"] == "/srv/dglkit/venv"
     assert_no_program_left(site)
 
 

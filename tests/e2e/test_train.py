@@ -1,7 +1,8 @@
 """playbooks/train.yml, status.yml and stop.yml on the training cluster (node1 storage, node2 and node3
 workers; conftest.train_cluster: stood up once with site.yml, firewall on, node3's cluster address given as a
 host name; test_builtin_tasks and test_own_programs use it first): training across hosts, the same job again
-(changed=0), a job needing ports the firewall keeps closed, a trainer killed while the controller is away (restart
+(changed=0), two site.yml at once (the second refused by the first's lock), ip_config.txt with a line that
+is no worker's, a job needing ports the firewall keeps closed, a trainer killed while the controller is away (restart
 from the checkpoint, then a new train.yml attaches), a server killed with no restarts (fails fast), an outsider on
 the cluster network probing a running job and stop.yml during a restart, a worker host that shuts down and boots
 again mid-job (the job restarts with it), stop.yml while the job waits for a host that is down, and a worker host
@@ -13,9 +14,13 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import pwd
 import re
 import signal
+import socket
 import subprocess
+import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator
@@ -148,6 +153,56 @@ def test_status_shows_the_finished_job(site: Cluster) -> None:
     assert run.output.count("no job running") == 2, run.output[-3000:]
     assert re.search(r"succeeded: epoch 3/3 [^\]]*\[node2 succeeded, node3 succeeded\]", flat(run.output))
     assert run.changed_hosts() == []
+
+
+def test_a_second_site_run_is_refused_while_the_first_holds_the_lock(site: Cluster) -> None:
+    lock = "/run/dglkit/site.lock"
+    first = site.start_playbook("site.yml")
+    output: list[str] = []
+    reader = threading.Thread(target=lambda: output.append(first.stdout.read()))
+    reader.start()
+    try:
+        # The first run past its checks, inside the lock: held there (stopped) while the second one runs.
+        while site.ssh("node1", f"test -d {lock}", check=False).returncode != 0:
+            assert first.poll() is None, "the first site.yml ended without taking the lock"
+            time.sleep(0.5)
+        os.killpg(first.pid, signal.SIGSTOP)
+        try:
+            second = site.playbook("site.yml", check=False)
+        finally:
+            os.killpg(first.pid, signal.SIGCONT)
+        first.wait(timeout=1200)
+    finally:
+        if first.poll() is None:
+            os.killpg(first.pid, signal.SIGKILL)
+        reader.join()
+    assert first.returncode == 0, output[0][-3000:]
+    user = os.environ.get("SUDO_USER") or pwd.getpwuid(os.getuid()).pw_name
+    assert (f"another site.yml is setting up this cluster ({user} on {socket.gethostname()} running site.yml since "
+            in second.flat()), second.output[-3000:]
+    assert f"(if that playbook is gone, remove {lock} on node1)" in second.flat()
+    assert second.returncode != 0 and second.changed_hosts() == [], second.recap
+    assert site.ssh("node1", f"test -e {lock}", check=False).returncode != 0  # the first released it
+
+
+def test_an_ip_config_line_that_is_no_workers_is_named(site: Cluster) -> None:
+    # Two lines for two workers, one of them an address no worker has (what a host that changed its address
+    # without site.yml leaves): the counts agree, the reason is the address.
+    ip_config = site.workspace / "ip_config.txt"
+    original, stat = ip_config.read_text(), ip_config.stat()
+    lines = original.splitlines()
+    foreign = "10.77.254.254 30050"
+    ip_config.write_text(f"{lines[0]}\n{foreign}\n")
+    try:
+        run = site.playbook("playbooks/preflight.yml", check=False)
+    finally:
+        ip_config.write_text(original)
+        os.utime(ip_config, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert run.returncode != 0
+    assert (f"ip_config.txt lists 2 machine(s) ({lines[0]}, {foreign}) but the inventory has 2 worker(s) "
+            f"({lines[0]}, {lines[1]}), so {foreign} is not in the inventory (an address or dglkit_server_port changed "
+            "since site.yml rendered the file) and the job would connect to machines that are not its workers: run "
+            "site.yml to re-render it") in flat(run.output), run.output[-3000:]
 
 
 def test_a_job_needing_ports_the_firewall_keeps_closed_is_refused(site: Cluster, runs: Path) -> None:

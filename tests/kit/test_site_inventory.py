@@ -29,8 +29,14 @@ FIREWALL_ADDRESSES = {f"node{n}": {"dglkit_cluster_address": f"10.77.250.{10 + n
 OWN_ADDRESSES = ([f"127.0.0.{10 + n}" for n in range(1, 10)] + ["127.0.5.2"]
                  + [v["dglkit_cluster_address"] for v in FIREWALL_ADDRESSES.values()])
 NAMES = "127.0.9.9 elsewhere.kit.test\n"
-NETNS = ('mount --bind "$0" /etc/hosts; mount -t sysfs sysfs /sys; ip link set lo up; '
+# $0: a directory of files to bind over /etc's (hosts always; passwd and group for the account checks). A /run
+# of its own: site.yml takes its lock there on the storage host, which is this machine for every run at once.
+NETNS = ('for f in "$0"/*; do mount --bind "$f" "/etc/${f##*/}"; done; mount -t sysfs sysfs /sys; '
+         'mount -t tmpfs tmpfs /run; ip link set lo up; '
          + "".join(f"ip addr add {a}/8 dev lo; " for a in OWN_ADDRESSES) + 'exec "$@"')
+# A second account and group holding the job account's ids (useradd -o -u 30050 clash), after the job account.
+CLASH = {"passwd": "dglkit:x:30050:30050::/home/dglkit:/bin/sh\nclash:x:30050:30051::/home/clash:/bin/sh\n",
+         "group": "dglkit:x:30050:\nclash:x:30051:\nclashers:x:30050:\n"}
 
 
 @dataclass
@@ -40,6 +46,7 @@ class Run:
     stats: dict[str, dict[str, int]]
     diffs: list[str]  # rendered files that --diff shows
     workspace: Path
+    results: dict[str, dict[str, dict]]  # task name -> host -> its result
 
 
 def make_inventory(root: Path, storage: list[str], workers: list[str], hostvars: dict | None = None,
@@ -63,25 +70,31 @@ def make_inventory(root: Path, storage: list[str], workers: list[str], hostvars:
     return inventory
 
 
-def site(inventory: Path, *args: str, playbook: str = "site.yml") -> Run:
+def site(inventory: Path, *args: str, etc: dict[str, str] | None = None, playbook: str = "site.yml") -> Run:
+    """PLAYBOOK ARGS in a network and mount namespace of its own; etc: lines added to its /etc files."""
     env = {**os.environ, "ANSIBLE_STDOUT_CALLBACK": "json", "ANSIBLE_NOCOLOR": "1"}
-    hosts = inventory.parent / "etc-hosts"
-    hosts.write_text(Path("/etc/hosts").read_text() + NAMES)
-    proc = subprocess.run(["unshare", "--net", "--mount", "--map-root-user", "sh", "-ec", NETNS, hosts,
+    binds = inventory.parent / "etc"
+    binds.mkdir(exist_ok=True)
+    for name, lines in {"hosts": NAMES, **(etc or {})}.items():
+        (binds / name).write_text(Path("/etc", name).read_text() + lines)
+    proc = subprocess.run(["unshare", "--net", "--mount", "--map-root-user", "sh", "-ec", NETNS, binds,
                            BIN / "ansible-playbook", "-i", inventory, playbook, *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=300)
     report = json.loads(proc.stdout)
-    failures, diffs = [], []
+    failures, diffs, results = [], [], {}
     for task in (task for play in report["plays"] for task in play["tasks"]):
+        results.setdefault(task["task"]["name"], {}).update(task["hosts"])
         for host, result in task["hosts"].items():
             # A loop's own message only says that items failed; the items say what.
             for item in result.get("results") or [result]:
                 if item.get("failed") or item.get("unreachable"):
                     failures.append(f"{host}: " + " ".join(str(item.get("msg", "")).split()))
             diffs += [diff["after"] for diff in result.get("diff", []) if "after" in diff]
-    return Run(proc.returncode, failures, report["stats"], diffs, inventory.parent / "ws")
+    return Run(proc.returncode, failures, report["stats"], diffs, inventory.parent / "ws", results)
 
 
+# Playbooks whose later plays need what the inventory checks publish on localhost.
+LIMITED = ["site.yml", "playbooks/train.yml", "playbooks/preflight.yml"]
 # id -> (storage, workers, hostvars, settings, expected message)
 BAD_INVENTORIES = {
     "no-storage": ([], ["node2"], {}, {}, "No host in group storage: list exactly one host under storage"),
@@ -115,9 +128,18 @@ BAD_INVENTORIES = {
     "dotdot-workspace": (["node1"], ["node2"], {}, {"dglkit_workspace": "/srv/../etc"},
                          "dglkit_workspace '/srv/../etc' has an empty, '.' or '..' component: write the real path"),
     "system-venv": (["node1"], ["node2"], {}, {"dglkit_venv_dir": "/usr/local"},
-                    "dglkit_venv_dir '/usr/local' is a system directory"),
+                    "dglkit_venv_dir '/usr/local' is inside /usr, a system directory"),
+    # Below a system directory as well as the directory itself; / by its own rule.
+    "etc-workspace": (["node1"], ["node2"], {}, {"dglkit_workspace": "/etc/ssh"},
+                      "dglkit_workspace '/etc/ssh' is inside /etc, a system directory: use a directory of its own"),
+    "usr-venv": (["node1"], ["node2"], {}, {"dglkit_venv_dir": "/usr/lib/x"},
+                 "dglkit_venv_dir '/usr/lib/x' is inside /usr, a system directory"),
+    "boot-wheelhouse": (["node1"], ["node2"], {}, {"dglkit_wheelhouse_dir": "/boot/wheels"},
+                        "dglkit_wheelhouse_dir '/boot/wheels' is inside /boot, a system directory"),
+    "root-workspace": (["node1"], ["node2"], {}, {"dglkit_workspace": "/"},
+                       "dglkit_workspace '/' is the root directory: use a directory of its own"),
     "kernel-wheelhouse": (["node1"], ["node2"], {}, {"dglkit_wheelhouse_dir": "/proc/wheels"},
-                          "dglkit_wheelhouse_dir '/proc/wheels' is on a kernel or runtime filesystem"),
+                          "dglkit_wheelhouse_dir '/proc/wheels' is on a kernel or runtime filesystem (/proc)"),
     "missing-wheelhouse-src": (["node1"], ["node2"], {}, {"dglkit_wheelhouse_src": "/nonexistent/wheels"},
                                "dglkit_wheelhouse_src '/nonexistent/wheels' is not a directory of wheels (*.whl) on "
                                "the controller"),
@@ -208,6 +230,16 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[Run]]:
                                                       dglkit_shared_fs="nfs"),
                                        "--tags", "firewall_rules", "--check", "--diff", "--limit", "localhost,node1")],
     }
+    # The mount task in check mode (no fstab written, nothing mounted), with options that try to allow
+    # setuid files and devices on the export.
+    jobs["mount-options"] = lambda root: [site(make_inventory(
+        root, ["node1"], ["node2", "node3"], dglkit_shared_fs="nfs", nfs_client_mount_options="rw,suid,hard,dev,vers=4.2"),
+        "--tags", "nfs_mount", "--check")]
+    # Checks only: this is the controller's own root, which a missed clash must not change.
+    jobs["uid-clash"] = lambda root: [site(make_inventory(root, ["node1"], ["node2"]), "--tags", "validate", etc=CLASH)]
+    for playbook in LIMITED:
+        jobs[f"limit-{playbook}"] = lambda root, p=playbook: [site(make_inventory(root, ["node1"], ["node2"]),
+                                                                   "--limit", "node1,node2", playbook=p)]
     for case, (storage, workers, hostvars, settings, _) in BAD_INVENTORIES.items():
         jobs[case] = (lambda root, s=storage, w=workers, h=hostvars, o=settings:
                       [site(make_inventory(root, s, w, h, **o))])
@@ -256,6 +288,35 @@ def test_a_cluster_address_that_is_not_the_hosts_own_fails_before_any_change(run
     assert set(run.stats) == {"localhost", "node1", "node2", "node3"}
     assert all(counts["changed"] == 0 for counts in run.stats.values()), run.stats
     assert not (run.workspace / "ip_config.txt").exists()
+
+
+def test_another_account_or_group_holding_the_job_accounts_ids_is_refused_on_every_host(
+        runs: dict[str, list[Run]]) -> None:
+    [run] = runs["uid-clash"]
+    assert run.returncode != 0
+    assert sorted(run.failures) == [f"{host}: {host}: uid 30050 belongs to the account clash: set dglkit_user_uid to a uid that "
+                                    "is free on every node; gid 30050 belongs to the group clashers: set dglkit_user_gid "
+                                    "to a gid that is free on every node" for host in ("node1", "node2")], run.failures
+    assert all(counts["changed"] == 0 for counts in run.stats.values())
+
+
+@pytest.mark.parametrize("playbook", LIMITED)
+def test_a_limit_without_localhost_says_to_add_it(runs: dict[str, list[Run]], playbook: str) -> None:
+    [run] = runs[f"limit-{playbook}"]
+    assert run.returncode != 0
+    assert run.failures[0] == ("node1: --limit node1,node2 leaves out localhost, where the kit checks the inventory and "
+                               "resolves the cluster addresses before it contacts any host: add it, "
+                               "--limit 'localhost,node1,node2'"), run.failures
+    assert all(counts["changed"] == 0 for counts in run.stats.values())
+
+
+def test_nfs_clients_mount_with_nosuid_and_nodev_whatever_the_inventory_gives(runs: dict[str, list[Run]]) -> None:
+    [run] = runs["mount-options"]
+    assert run.returncode == 0 and run.failures == [], run.failures
+    mounts = run.results["nfs_client : Mount the workspace now and at boot"]
+    # The clients; node1 serves the export.
+    assert {host: result["opts"] for host, result in mounts.items() if not result.get("skipped")} == {
+        host: "rw,hard,vers=4.2,nosuid,nodev" for host in ("node2", "node3")}
 
 
 def test_an_unreachable_host_stops_the_run_with_its_name(runs: dict[str, list[Run]]) -> None:
