@@ -6,6 +6,7 @@ connections; the play prints records through debug (no module runs on a host) th
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -167,7 +168,9 @@ def test_job_json_of_a_resized_cluster_uses_the_new_partition(records: dict) -> 
     ("dropout", "dgl_job_dropout=1.5: use a value in [0, 1)"),
     ("trainers", "dgl_job_trainers must be >= 1"),
     ("files-path", "dgl_job_dataset=files needs dgl_job_files_path"),
-    ("job-id", "dgl_job_id=../elsewhere: use letters, digits"),
+    ("job-id", "dgl_job_id=../elsewhere: use letters, digits, ., _ and - only, starting with a letter or digit"),
+    ("job-id-dots", "dgl_job_id=..: '.' and '..' are not names (it names a directory)"),
+    ("program-name-dot", "dgl_program_name=.: '.' and '..' are not names (it names a directory)"),
     ("memory-max", "dgl_job_memory_max=8GB: use bytes with K, M, G or T (e.g. 48G), a percentage"),
     ("cpu-quota", "dgl_job_cpu_quota=2: use a percentage of one core (400% = four cores)"),
     ("program-dir", "dgl_program_dir=/nonexistent/project: no such directory on the controller"),
@@ -179,3 +182,30 @@ def test_job_json_of_a_resized_cluster_uses_the_new_partition(records: dict) -> 
 ])
 def test_bad_settings_fail_with_a_message_that_names_them(records: dict, case: str, message: str) -> None:
     assert message in records[f"reject-{case}"]
+
+
+def test_a_program_without_requirements_ships_and_runs_with_the_node_venv(tmp_path: Path) -> None:
+    # requirements.txt is optional: a directory with one launch.py-style script is a whole program.
+    program, workspace = tmp_path / "launchpy", tmp_path / "ws"
+    program.mkdir()
+    workspace.mkdir()
+    shutil.copy(REPO / "tests/programs/train_dist/train_dist.py", program / "train.py")
+    inventory = tmp_path / "hosts.yml"
+    local = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+    inventory.write_text(yaml.safe_dump({"all": {"children": {"cluster": {"vars": local, "children": {
+        "storage": {"hosts": {"node1": {}}}, "workers": {"hosts": {"node2": {}}}}}}}}))
+    env = {**os.environ, "ANSIBLE_STDOUT_CALLBACK": "json", "ANSIBLE_NOCOLOR": "1"}
+    reports = []
+    for _ in range(2):
+        proc = subprocess.run([BIN / "ansible-playbook", "-i", inventory, "tests/kit/program_role.yml",
+                               "-e", f"program={program}", "-e", f"workspace={workspace}"],
+                              cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        reports.append(json.loads(proc.stdout))
+    [record] = [result["msg"]["value"] for play in reports[0]["plays"] for task in play["tasks"]
+                for result in task["hosts"].values() if isinstance(result.get("msg"), dict)]
+    assert record["python_env"] == f"{workspace}/venv"
+    assert record["id"].startswith("launchpy-") and record["dir"] == f"{workspace}/programs/{record['id']}"
+    assert sorted(p.name for p in Path(record["dir"]).iterdir()) == [".fingerprint", "train.py"]
+    assert not (workspace / "program-envs").exists()
+    assert [counts["changed"] for counts in reports[1]["stats"].values()] == [0, 0]
