@@ -16,6 +16,7 @@ The launchers agree through the shared job directory alone; no controller takes 
 
 import argparse
 import ctypes
+import importlib.metadata
 import json
 import os
 import re
@@ -30,6 +31,7 @@ from pathlib import Path
 
 import psutil
 
+from dglkit import nodedata
 from dglkit.common import (UserError, check_machine_count, emit_result, read_json, read_partition_config,
                            shared_fs_now, write_json)
 
@@ -58,6 +60,7 @@ DEFAULTS = {
     "command": "",
     "program_dir": None,
     "python_env": None,
+    "node_data_names": {},
     "train_args": [],
 }
 # What a command may name in braces; everything else in braces is refused (`${VAR}` is the shell's).
@@ -70,6 +73,10 @@ BUILTIN_COMMAND = "python3 -m dglkit train --ip-config {ip_config} --part-config
 PYTHON_WORD = re.compile(r"(?:^|(?<=[\s;&|(]))((?:[^\s;&|()]*/)?python[0-9.]*)(?=\s|$)")
 # The line that starts torchrun's report of a failed trainer.
 TORCHRUN_REPORT = re.compile(r"^.*torch\.distributed\.elastic\.multiprocessing\.api.*failed \(exitcode", re.M)
+# A program that fails on a DGL API this DGL lacks (DGL's examples on master use DGL >= 2.2's).
+MISSING_DGL_API = re.compile(r"(?:AttributeError: module '(dgl[\w.]*)' has no attribute '(\w+)'"
+                             r"|ImportError: cannot import name '(\w+)' from '(dgl[\w.]*)'"
+                             r"|ModuleNotFoundError: No module named '(dgl[\w.]*)')")
 SHELL_BUILTINS = {"cd", "exec", "export", "set", "eval", ".", "source", "(", "{", "ulimit", "umask", "true"}
 # Its sitecustomize makes an uncaught exception end a job's process instead of hanging in DGL's exit.
 JOBSITE = Path(__file__).resolve().parent / "jobsite"
@@ -119,9 +126,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="run the whole job on this machine (127.0.0.1, a 1-part partition)")
     parser.add_argument("--command", help="the program's command line as for DGL's launch.py, with {placeholders}: "
                         + ", ".join(f"{{{name}}}" for name in PLACEHOLDERS) + " (default: the kit's trainer)")
-    parser.add_argument("--program-dir", help="working directory of the program's processes (default: the job dir)")
+    parser.add_argument("--program-dir", help="the program's directory: its script and modules are found there while "
+                        "it runs from the job dir, where its relative writes land (default: the job dir)")
     parser.add_argument("--python-env", help="environment whose bin/ leads PATH, so that the command's python is "
                         "its python (default: the launcher's)")
+    parser.add_argument("--node-data-names", type=json.loads, help="JSON: the partition's node data under the names "
+                        "the program reads, {\"feat\": \"features\"} for every node type or {\"paper\": {\"feat\": "
+                        "\"features\"}} for one (DGL's servers rename them as they load them)")
     parser.add_argument("--check", action="store_true", help="run the pre-flight checks only and start nothing")
     parser.add_argument("train_args", nargs=argparse.REMAINDER, help="-- then `dglkit train` arguments")
 
@@ -235,21 +246,23 @@ def preflight(cfg: argparse.Namespace) -> dict:
     if cfg.nodes and (len(cfg.nodes) != len(machines) or cfg.node_name not in cfg.nodes):
         raise UserError(f"--nodes {','.join(cfg.nodes)}: give one name per ip_config line ({len(machines)}), "
                         f"including this node's {cfg.node_name}")
-    cwd = Path(cfg.program_dir).resolve() if cfg.program_dir else job_dir
-    if not cwd.is_dir():
-        raise UserError(f"program directory {cwd} not found on {cfg.node_name}: ship the program first")
+    program_dir = Path(cfg.program_dir).resolve() if cfg.program_dir else job_dir
+    if not program_dir.is_dir():
+        raise UserError(f"program directory {program_dir} not found on {cfg.node_name}: ship the program first")
+    served_names = nodedata.served_names(part_config, cfg.node_data_names)
     bin_dir = Path(cfg.python_env or sys.prefix) / "bin"
     path = f"{bin_dir}{os.pathsep}{os.environ.get('PATH', os.defpath)}"
     values = {"ip_config": ip_config, "part_config": part_config, "graph_name": graph_name(part_config),
-              "output_dir": job_dir, "job_dir": job_dir, "program_dir": cwd, "node_name": cfg.node_name,
+              "output_dir": job_dir, "job_dir": job_dir, "program_dir": program_dir, "node_name": cfg.node_name,
               "machine_id": machine_id, "num_machines": len(machines), "num_servers": cfg.num_servers,
               "num_trainers": cfg.num_trainers, "num_samplers": cfg.num_samplers}
     template = cfg.command or " ".join([BUILTIN_COMMAND, *map(shlex.quote, cfg.train_args)])
-    command = expand(template, values)
-    check_executables(command, cwd, path, cfg.node_name)
+    command = in_program_dir(expand(template, values), program_dir)
+    check_executables(command, program_dir, path, cfg.node_name)
     return {"job_dir": job_dir, "ip_config": ip_config, "part_config": part_config, "machines": machines,
-            "machine_id": machine_id, "address": address, "port": port, "command": command, "cwd": cwd,
-            "path": path, "ifname": interfaces.get(address, "lo"), "node_dir": job_dir / "nodes" / cfg.node_name}
+            "machine_id": machine_id, "address": address, "port": port, "command": command, "cwd": job_dir,
+            "program_dir": program_dir, "served_names": served_names, "path": path,
+            "ifname": interfaces.get(address, "lo"), "node_dir": job_dir / "nodes" / cfg.node_name}
 
 
 def graph_name(part_config: Path) -> str:
@@ -278,6 +291,26 @@ def torchrun_command(command: str, torchrun_args: list[str]) -> str:
     """The command with its first python turned into `python -m torch.distributed.run ARGS` (DGL's launch.py)."""
     found = python_word(command)
     return f"{command[:found.end()]} -m torch.distributed.run {shlex.join(torchrun_args)}{command[found.end():]}"
+
+
+def in_program_dir(command: str, program_dir: Path) -> str:
+    """The command with the script its python runs, and a first program or python given as a relative path
+    (./run.sh), named by their path in the program directory: the command runs from the job directory (as
+    launch.py runs it from its --workspace), so that the program's relative writes land in the job's output."""
+    python = python_word(command)
+    paths = {python.span(1)}
+    first = re.match(r"\s*(\S+)", command)
+    if first.start(1) < python.start(1):
+        paths.add(first.span(1))
+    script = re.compile(r"(?<=\s)(?!-)\S+").search(command, python.end())
+    options = command[python.end():script.start()].split() if script else []
+    runs_script = script and not any(option.startswith(("-m", "-c")) for option in options)
+    words = [span for span in paths if "/" in command[slice(*span)]] + ([script.span()] if runs_script else [])
+    for start, end in sorted(words, reverse=True):
+        word = command[start:end]
+        if re.fullmatch(r"[\w.+-]+(?:/[\w.+-]+)*", word) and (program_dir / word).is_file():
+            command = command[:start] + shlex.quote(str(program_dir / word)) + command[end:]
+    return command
 
 
 def check_executables(command: str, cwd: Path, path: str, node: str) -> None:
@@ -435,7 +468,9 @@ class Launcher:
         """The command as DGL servers, then through torchrun as the trainers, each with launch.py's environment."""
         cfg, job = self.cfg, self.job
         num_machines = len(job["machines"])
-        pythonpath = os.pathsep.join(filter(None, [str(JOBSITE), os.environ.get("PYTHONPATH")]))
+        # The program directory for `python -m its.module` (a script's own directory is on sys.path anyway).
+        pythonpath = os.pathsep.join(filter(None, [str(JOBSITE), str(job["program_dir"]) if cfg.program_dir else "",
+                                                   os.environ.get("PYTHONPATH")]))
         env = dict(os.environ, PATH=job["path"], PYTHONPATH=pythonpath, DGLBACKEND="pytorch",
                    PYTHONUNBUFFERED="1", GLOO_SOCKET_IFNAME=job["ifname"], DGL_DIST_MAX_TRY_TIMES=str(cfg.connect_retries),
                    DGL_NUM_CLIENT=str(cfg.num_trainers * (1 + cfg.num_samplers) * num_machines),
@@ -445,6 +480,8 @@ class Launcher:
         for s in range(cfg.num_servers):
             server_env = dict(env, DGL_ROLE="server", DGL_SERVER_ID=str(job["machine_id"] * cfg.num_servers + s),
                               DGL_KEEP_ALIVE="0", OMP_NUM_THREADS=str(cfg.server_threads))
+            if job["served_names"]:
+                server_env[nodedata.ENV] = json.dumps(job["served_names"])
             self.start(f"server-{s}", job["command"], server_env, self.node_dir / f"server-{s}.log")
         # Trainers connect to every server with a bounded number of retries: start them once ours listen.
         self.wait_for_servers_listening()
@@ -607,6 +644,7 @@ class Launcher:
     def fail(self, process: str, code: int | None, reason: str, log: Path, node: str | None = None) -> None:
         """Record the failure and, if no other node was first, write the job's FAILED file."""
         tail = log_tail(log)
+        reason += newer_dgl_hint(tail)
         self.say(f"FAILED: {process}: {reason}; last lines of {log}:\n    " + "\n    ".join(tail))
         record = {"node": node or self.cfg.node_name, "process": process, "exit_code": code, "reason": reason,
                   "log": str(log), "log_tail": tail, "time": time.time(), "attempt": self.attempt}
@@ -777,6 +815,18 @@ def log_tail(path: Path, lines: int = 12) -> list[str]:
         return []
     report = TORCHRUN_REPORT.search(text)
     return text[:report.start() if report else len(text)].splitlines()[-lines:]
+
+
+def newer_dgl_hint(tail: list[str]) -> str:
+    """What to do when the program failed on a DGL API that the cluster's DGL does not have."""
+    found = next(filter(None, map(MISSING_DGL_API.search, reversed(tail))), None)
+    if not found:
+        return ""
+    module, name, imported, source, package = found.groups()
+    api = f"{module}.{name}" if module else f"{source}.{imported}" if source else package
+    return (f"; the program needs {api}, which the cluster's DGL {importlib.metadata.version('dgl')} does not have "
+            "(PyPI's newest for Linux): set dglkit_dgl_spec: dgl-repo for a newer DGL from DGL's wheel repo, or "
+            "use this DGL's API")
 
 
 def describe_exit(code: int) -> str:

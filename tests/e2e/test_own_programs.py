@@ -2,7 +2,9 @@
 (node1 storage, node2 and node3 workers; conftest.train_cluster): tests/programs/train_dist, written for DGL's tools/launch.py, with an
 extra requirement that only the wheelhouse has; tests/programs/feature_sum, with none. The same program again is not copied again; a changed one runs
 as a new version; a program silent for longer than the stall timeout completes; a crashing one stops every
-node; bad input fails before anything starts.
+node; bad input fails before anything starts. The programs read DGL's example names (`features`), given by
+dgl_job_node_data_names; an unsupervised GraphSAGE alone in its directory and an RGCN write outputs to
+relative paths, which come back in the run folder.
 
 The tests share the cluster and a copy of the program, and run in file order.
 """
@@ -24,7 +26,8 @@ from test_train import runs, site  # noqa: F401 (the training cluster's fixtures
 if TYPE_CHECKING:
     from conftest import Cluster
 
-PROGRAM = Path(__file__).resolve().parents[1] / "programs" / "train_dist"
+PROGRAMS = Path(__file__).resolve().parents[1] / "programs"
+PROGRAM = PROGRAMS / "train_dist"
 COMMAND = ("python3 train_dist.py --graph_name {graph_name} --ip_config {ip_config} --part_config {part_config} "
            "--output_dir {output_dir} --num_epochs 3")
 DATASET = ["-e", "dgl_job_synthetic_nodes=20000"]
@@ -36,17 +39,19 @@ def program(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return Path(shutil.copytree(PROGRAM, tmp_path_factory.mktemp("project") / "train_dist"))
 
 
-def run_program(cluster: Cluster, runs: Path, program: Path, command: str = COMMAND, *args: str, check: bool = True):
-    # JSON: -e key=value would split the command at its spaces.
-    program_vars = json.dumps({"dgl_program_dir": str(program), "dgl_program_command": command})
-    return train(cluster, runs, *DATASET, "-e", program_vars, *args, check=check)
+def run_program(cluster: Cluster, runs: Path, program: Path, command: str = COMMAND, *args: str, check: bool = True,
+                names: dict | None = None, dataset: tuple[str, ...] = tuple(DATASET)):
+    # JSON: -e key=value would split the command at its spaces. The programs read DGL's `features`.
+    program_vars = json.dumps({"dgl_program_dir": str(program), "dgl_program_command": command,
+                               "dgl_job_node_data_names": {"feat": "features"} if names is None else names})
+    return train(cluster, runs, *dataset, "-e", program_vars, *args, check=check)
 
 
 def assert_no_program_left(cluster: Cluster) -> None:
-    """assert_clean looks for the kit's processes; the program's are named after its script."""
+    """assert_clean looks for the kit's processes; the programs' are named after their scripts."""
     assert_clean(cluster)
     for host in cluster.groups()["workers"]:
-        left = cluster.ssh(host, "pgrep -af '[t]rain_dist[.]py'", check=False).stdout
+        left = cluster.ssh(host, "pgrep -af '[t]rain_dist|[n]ode_classification[.]py'", check=False).stdout
         assert left == "", (host, left)
 
 
@@ -152,6 +157,8 @@ def test_a_crashing_program_stops_every_node_with_its_traceback(site: Cluster, r
     ({"command": "python3 trian_dist.py --graph_name {graph_name}"}, "node2: python3 would run trian_dist.py, which is not in"),
     ({"requirements": "tabulate==0.10.0\nno-such-package-dglkit==1.0\n"},
      "No matching distribution found for no-such-package-dglkit==1.0"),
+    # The YAML callback doubles the quotes around 'feats'.
+    ({"names": {"feats": "features"}}, "node2: node data names: the partition has no node data "),
 ])
 def test_bad_program_input_fails_before_anything_starts(site: Cluster, runs: Path, program: Path,
                                                         tmp_path: Path, change: dict, error: str):
@@ -160,9 +167,46 @@ def test_bad_program_input_fails_before_anything_starts(site: Cluster, runs: Pat
         directory = Path(shutil.copytree(program, tmp_path / "train_dist"))
         (directory / "requirements.txt").write_text(change["requirements"])
     jobs_before = set((site.workspace / "jobs").iterdir())
-    run = run_program(site, runs, directory, change.get("command", COMMAND), check=False)
+    run = run_program(site, runs, directory, change.get("command", COMMAND), check=False, names=change.get("names"))
     assert run.returncode != 0 and error in flat(run.output), run.output[-4000:]
     started = [job for job in set((site.workspace / "jobs").iterdir()) - jobs_before
                if list(job.glob("nodes/*/launcher.log"))]
     assert started == []
+    assert_no_program_left(site)
+
+
+def test_an_unsupervised_program_alone_in_its_directory_writes_emb_pt_to_the_run_folder(
+        site: Cluster, runs: Path, tmp_path: Path):
+    # Nothing but the one .py file: scikit-learn and numpy come with the node environment.
+    program = Path(shutil.copytree(PROGRAMS / "train_dist_unsupervised", tmp_path / "unsupervised"))
+    assert [p.name for p in program.iterdir()] == ["train_dist_unsupervised.py"]
+    command = ("python3 train_dist_unsupervised.py --graph_name {graph_name} --ip_config {ip_config} "
+               "--part_config {part_config} --num_epochs 2 --batch_size 500")
+    run = run_program(site, runs, program, command)
+    folder = run_folder(run.output)
+    assert "[node2 succeeded, node3 succeeded]" in flat(run.output)
+    # emb.pt: rank 0 saved it to a relative path; the program runs from the job dir, which came back.
+    import torch
+
+    assert torch.load(folder / "emb.pt").shape == (20000, 32)
+    found = re.search(r"eval acc ([0-9.]+); test acc ([0-9.]+)", (folder / "nodes/node2/torchrun.log").read_text())
+    assert found and float(found.group(1)) > 0.3, found  # scikit-learn on the embeddings; chance: 0.1
+    assert job_of(folder)["node_data_names"] == {"feat": "features"}
+    assert_no_program_left(site)
+
+
+def test_an_rgcn_program_reads_per_type_names_and_its_relative_outputs_come_back(site: Cluster, runs: Path):
+    command = ("python3 node_classification.py --graph_name {graph_name} --ip_config {ip_config} "
+               "--part_config {part_config} --num_epochs 4")
+    # The dataset of test_builtin_tasks' RGCN job: the same partition when both run.
+    run = run_program(site, runs, PROGRAMS / "rgcn", command, names={"paper": {"feat": "features"}},
+                      dataset=("-e", "dgl_job_dataset=synthetic-hetero", "-e", "dgl_job_synthetic_nodes=6000",
+                               "-e", "dgl_job_synthetic_classes=5"))
+    folder = run_folder(run.output)
+    assert folder.name.startswith("rgcn-synthetic-hetero-2w-"), folder
+    result = json.loads((folder / "result.json").read_text())
+    assert result["val_acc"] > 0.3 and result["num_classes"] == 5, result  # chance: 0.2
+    assert (folder / "model.pt").stat().st_size > 0
+    for node in ("node2", "node3"):
+        assert "Test Acc" in (folder / "nodes" / node / "torchrun.log").read_text(), node
     assert_no_program_left(site)

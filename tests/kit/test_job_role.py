@@ -135,6 +135,20 @@ def test_a_user_program_has_its_own_job_id_and_command_in_job_json(records: dict
     assert cfg.python_env == "/srv/dglkit/program-envs/train_dist-ba9876543210"
 
 
+def test_node_data_names_make_another_job_and_reach_the_launcher(records: dict, tmp_path: Path) -> None:
+    from dglkit import launch
+
+    program, named = ids(records, "program"), ids(records, "program-names")
+    assert named["job"] != program["job"] and named["partition"] == program["partition"]
+    assert "node_data_names" not in program["settings"]  # ids of jobs without the setting stay what they were
+    config = tmp_path / "job.json"
+    config.write_text(json.dumps(named["job_json"]))
+    parser = argparse.ArgumentParser()
+    launch.add_arguments(parser)
+    cfg = launch.settings(parser.parse_args(["--config", str(config)]))
+    assert cfg.node_data_names == {"feat": "features", "paper": {"labels": "label"}}
+
+
 def test_job_json_of_a_resized_cluster_uses_the_new_partition(records: dict) -> None:
     resized = ids(records, "resized")
     assert resized["job_json"]["part_config"] == f"/srv/dglkit/partitions/{resized['partition']}/synthetic.json"
@@ -163,6 +177,8 @@ def test_job_json_of_a_resized_cluster_uses_the_new_partition(records: dict) -> 
     ("program-placeholder", "dgl_program_command names unknown placeholder(s) {graf_name}; known: {ip_config}"),
     ("program-command", "dgl_program_command is empty"),
     ("program-one-word", "dgl_program_command=python3 is one word: with -e, quote the whole command"),
+    ("names-without-program", "dgl_job_node_data_names names node data for your own program: set dgl_program_dir"),
+    ("names-list", "dgl_job_node_data_names={\"feat\": [\"features\"]}: map a node data name to the name"),
 ])
 def test_bad_settings_fail_with_a_message_that_names_them(records: dict, case: str, message: str) -> None:
     assert message in records[f"reject-{case}"]

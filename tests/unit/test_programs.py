@@ -13,14 +13,16 @@ import psutil
 import pytest
 import yaml
 
-from dglkit import launch
-from localjob import assert_job_gone, free_ports, start_launch
+from dglkit import launch, nodedata
+from localjob import assert_job_gone, build, free_ports, start_launch
 
 REPO = Path(__file__).resolve().parents[2]
 PROGRAM = REPO / "tests" / "programs" / "train_dist"
 WHEELHOUSE = Path("/var/cache/dglkit/wheelhouse")
 COMMAND = ("python3 train_dist.py --graph_name {graph_name} --ip_config {ip_config} --part_config {part_config} "
            "--output_dir {output_dir} --num_epochs 3 --batch_size 200")
+# train_dist reads `features`, as DGL's examples do; the kit's partitions store `feat`.
+NAMES = json.dumps({"feat": "features"})
 
 
 def test_the_role_knows_the_launchers_placeholders():
@@ -54,9 +56,21 @@ def check(cli, partition_1, tmp_path, command: str):
 def test_check_expands_the_command_and_starts_nothing(cli, partition_1, tmp_path):
     code, result, err = check(cli, partition_1, tmp_path, COMMAND)
     assert code == 0, err
-    assert result["command"].startswith(f"python3 train_dist.py --graph_name graph --ip_config {tmp_path}/job/ip_config.txt "
-                                        f"--part_config {partition_1} --output_dir {tmp_path}/job --num_epochs 3")
-    assert result["cwd"] == str(PROGRAM) and not (tmp_path / "job").exists()
+    # It runs from the job dir (relative writes land there), its script named in the program dir.
+    assert result["command"].startswith(f"python3 {PROGRAM}/train_dist.py --graph_name graph --ip_config "
+                                        f"{tmp_path}/job/ip_config.txt --part_config {partition_1} --output_dir "
+                                        f"{tmp_path}/job --num_epochs 3")
+    assert result["cwd"] == str(tmp_path / "job") and not (tmp_path / "job").exists()
+
+
+@pytest.mark.parametrize("command, expected", [
+    ("python3 -u train_dist.py --x 1", f"python3 -u {PROGRAM}/train_dist.py --x 1"),
+    ("python3 -m train_dist --x 1", "python3 -m train_dist --x 1"),  # the program dir is on PYTHONPATH
+    ("./requirements.txt python3 train_dist.py", f"{PROGRAM}/requirements.txt python3 {PROGRAM}/train_dist.py"),
+    ("python3 /elsewhere/train.py", "python3 /elsewhere/train.py"),
+])
+def test_the_script_and_relative_programs_are_named_in_the_program_dir(command, expected):
+    assert launch.in_program_dir(command, PROGRAM) == expected
 
 
 @pytest.mark.parametrize("command, error", [
@@ -83,11 +97,19 @@ def program_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return target
 
 
+@pytest.fixture(scope="module")
+def hetero_partition_1(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("hetero")
+    build("prepare", "--dataset", "synthetic-hetero", "--out", out / "data", "--num-nodes", "2000", "--seed", "3")
+    build("partition", "--dataset-dir", out / "data", "--out", out / "parts", "--num-parts", 1, "--graph-name", "het")
+    return out / "parts" / "het.json"
+
+
 def start_program(job_dir: Path, part_config: Path, site: Path, *args: object, command: str = COMMAND):
     base = free_ports(3)
     proc = start_launch(job_dir, "--local", "--part-config", part_config, "--node-name", "n1", "--num-servers", 2,
                         "--num-trainers", 2, "--server-port", base, "--master-port", base + 2, "--program-dir",
-                        PROGRAM, *args, "--command", command, pythonpath=(site,))
+                        PROGRAM, "--node-data-names", NAMES, *args, "--command", command, pythonpath=(site,))
     return proc, [base, base + 1, base + 2]
 
 
@@ -117,13 +139,16 @@ def test_a_program_silent_longer_than_the_stall_timeout_trains_with_launchpys_en
         "DGL_ROLE": "server", "DGL_SERVER_ID": "1", "DGL_NUM_SERVER": "2", "DGL_NUM_CLIENT": "2",
         "DGL_NUM_SAMPLER": "0", "DGL_GRAPH_FORMAT": "csc", "DGL_KEEP_ALIVE": "0", "OMP_NUM_THREADS": "1",
         "DGLKIT_OUTPUT_DIR": str(job_dir)}
+    # The program reads `features`: its servers serve the partition's `feat` under that name.
+    assert json.loads(server["DGLKIT_NODE_DATA_NAMES"]) == {"_N/feat": "_N/features"}
     trainers = [p for p in psutil.Process(pids["trainers"]).children(recursive=True) if "RANK" in p.environ()]
     assert sorted(p.environ()["RANK"] for p in trainers) == ["0", "1"]
     trainer = trainers[0].environ()
     assert {k: trainer[k] for k in ("DGL_DIST_MODE", "DGL_ROLE", "DGL_GROUP_ID", "DGL_CONF_PATH", "DGL_IP_CONFIG")} == {
         "DGL_DIST_MODE": "distributed", "DGL_ROLE": "client", "DGL_GROUP_ID": "0",
         "DGL_CONF_PATH": str(partition_1), "DGL_IP_CONFIG": str(job_dir / "ip_config.txt")}
-    assert all(Path(p.cwd()) == PROGRAM for p in trainers)
+    assert all(Path(p.cwd()) == job_dir for p in trainers)
+    assert PROGRAM.samefile(trainers[0].environ()["PYTHONPATH"].split(os.pathsep)[1])
 
     assert launch_proc.wait(timeout=240) == 0, (job_dir / "launch.out").read_text()[-3000:]
     epochs = [m for m in map(json.loads, (job_dir / "metrics.jsonl").read_text().splitlines()) if m["event"] == "epoch"]
@@ -150,3 +175,78 @@ def test_a_crashing_program_fails_the_job_with_its_traceback(partition_1, progra
     # torchrun's report is cut off; the trainer's exception is there (followed by its peer's, in a 1-node job).
     assert "RuntimeError: injected crash on rank 1 in epoch 1" in failed["log_tail"], failed["log_tail"]
     assert_job_gone(job_dir, ports, shm_before)
+
+
+def test_node_data_names_are_read_from_the_partition_as_dgl_stores_them(partition_1, hetero_partition_1):
+    from dgl.data.utils import load_tensors
+
+    for config in (partition_1, hetero_partition_1):
+        part = config.parent / json.loads(config.read_text())["part-0"]["node_feats"]
+        assert sorted(nodedata.tensor_names(part)) == sorted(load_tensors(str(part)))
+    stored = {ntype: sorted(names) for ntype, names in nodedata.partition_node_data(hetero_partition_1).items()}
+    assert stored == {"author": [], "field_of_study": [], "institution": [],
+                      "paper": ["feat", "labels", "test_mask", "train_mask", "val_mask"]}
+
+
+@pytest.mark.parametrize("names, served", [
+    ({"feat": "features"}, {"paper/feat": "paper/features"}),
+    ({"paper": {"feat": "features", "labels": "label"}}, {"paper/feat": "paper/features", "paper/labels": "paper/label"}),
+    ({"feat": "features", "paper": {"feat": "x"}}, {"paper/feat": "paper/x"}),  # the type's own wins
+])
+def test_node_data_names_per_type_or_for_every_type(hetero_partition_1, names, served):
+    assert nodedata.served_names(hetero_partition_1, names) == served
+
+
+@pytest.mark.parametrize("names, error", [
+    ({"feats": "features"}, "the partition has no node data 'feats'; it has _N: labels"),
+    ({"_N": {"features": "x"}}, "no node data 'features' on node type '_N'"),
+    ({"paper": {"feat": "features"}}, "the partition has no node type 'paper'; it has _N:"),
+    ({"feat": "labels"}, "node type '_N' would serve _N/labels twice"),
+    ({"feat": "a/b"}, "'feat' -> \"a/b\": the name a program reads is a non-empty string without '/'"),
+])
+def test_a_wrong_node_data_name_is_refused_before_anything_starts(cli, partition_1, tmp_path, names, error):
+    code, _, err = cli("launch", "--local", "--part-config", partition_1, "--job-dir", tmp_path / "job",
+                       "--program-dir", PROGRAM, "--server-port", free_ports(2), "--master-port", free_ports(1),
+                       "--node-data-names", json.dumps(names), "--command", COMMAND, "--check")
+    assert code == 2 and error in err, err
+    assert not (tmp_path / "job").exists()
+
+
+NEWER_API = """\
+import argparse
+
+import dgl
+import torch as th
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--graph_name")
+parser.add_argument("--ip_config")
+parser.add_argument("--part_config")
+args = parser.parse_args()
+dgl.distributed.initialize(args.ip_config)
+th.distributed.init_process_group(backend="gloo")
+g = dgl.distributed.DistGraph(args.graph_name, part_config=args.part_config)
+sampler = dgl.dataloading.NeighborSampler([5])
+# DGL's examples on master (DGL >= 2.2); DGL 2.1 has it as dgl.dataloading.DistNodeDataLoader.
+loader = dgl.distributed.DistNodeDataLoader(g, th.arange(10), sampler, batch_size=5)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_program_that_needs_a_newer_dgl_fails_saying_which_dgl_runs_and_how_to_get_another(partition_1, tmp_path):
+    program = tmp_path / "program"
+    program.mkdir()
+    (program / "node_classification.py").write_text(NEWER_API)
+    job_dir = tmp_path / "job"
+    base = free_ports(3)
+    launch_proc = start_launch(job_dir, "--local", "--part-config", partition_1, "--node-name", "n1",
+                               "--server-port", base, "--master-port", base + 2, "--program-dir", program, "--command",
+                               "python3 node_classification.py --graph_name {graph_name} --ip_config {ip_config} "
+                               "--part_config {part_config}")
+    assert launch_proc.wait(timeout=240) == 1, (job_dir / "launch.out").read_text()[-3000:]
+    failed = json.loads((job_dir / "FAILED").read_text())
+    assert failed["process"] == "trainer-0", failed
+    assert failed["reason"].startswith("exited with exit code 1; the program needs dgl.distributed.DistNodeDataLoader, "
+                                       "which the cluster's DGL 2.1.0 does not have"), failed["reason"]
+    assert "set dglkit_dgl_spec: dgl-repo for a newer DGL from DGL's wheel repo" in failed["reason"]

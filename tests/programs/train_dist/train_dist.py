@@ -1,6 +1,7 @@
 """Distributed GraphSAGE node classification written the way DGL's distributed examples are: started by DGL's
 tools/launch.py (or the kit) once per server and, through torchrun, once per trainer. It imports nothing of
-the kit; it needs `tabulate`, which the node environment does not have (requirements.txt).
+the kit; it needs `tabulate`, which the node environment does not have (requirements.txt). Like DGL's examples
+it reads the node data `features`, `labels` and the masks (the kit stores `feat`: dgl_job_node_data_names).
 
 Test switches: --quiet_seconds (train without printing anything for that long), --crash_rank/--crash_epoch
 (one trainer raises). --output_dir receives metrics.jsonl in the kit's format and result.json.
@@ -36,7 +37,7 @@ def accuracy(model, g, nids, sampler, batch_size):
     loader = dgl.dataloading.DistNodeDataLoader(g, nids, sampler, batch_size=batch_size, shuffle=False)
     with th.no_grad():
         for input_nodes, seeds, blocks in loader:
-            pred = model(blocks, g.ndata["feat"][input_nodes]).argmax(1)
+            pred = model(blocks, g.ndata["features"][input_nodes]).argmax(1)
             counts += th.tensor([(pred == g.ndata["labels"][seeds].long()).sum().item(), len(seeds)],
                                 dtype=th.float64)
     th.distributed.all_reduce(counts)
@@ -57,7 +58,7 @@ def main(args):
     n_classes = int(g.ndata["labels"][0:g.num_nodes()].max()) + 1
     sampler = dgl.dataloading.NeighborSampler([int(f) for f in args.fan_out.split(",")])
     loader = dgl.dataloading.DistNodeDataLoader(g, train_nid, sampler, batch_size=args.batch_size, shuffle=True)
-    model = th.nn.parallel.DistributedDataParallel(SAGE(g.ndata["feat"].shape[1], args.num_hidden, n_classes))
+    model = th.nn.parallel.DistributedDataParallel(SAGE(g.ndata["features"].shape[1], args.num_hidden, n_classes))
     optimizer = th.optim.Adam(model.parameters(), lr=args.lr)
     metrics = None
     if rank == 0 and args.output_dir:
@@ -73,7 +74,7 @@ def main(args):
             for step, (input_nodes, seeds, blocks) in enumerate(loader):
                 if rank == args.crash_rank and epoch == args.crash_epoch and step == 2:
                     raise RuntimeError(f"injected crash on rank {rank} in epoch {epoch}")
-                x = g.ndata["feat"][input_nodes]
+                x = g.ndata["features"][input_nodes]
                 y = g.ndata["labels"][seeds].long()
                 pred = model(blocks, x)
                 loss = F.cross_entropy(pred, y)
