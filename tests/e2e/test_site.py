@@ -20,7 +20,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 import staging  # tests/cluster: on the path since conftest.py
-from jobhelpers import flat, mesh_ssh
+from jobhelpers import as_job_user, flat, mesh_ssh
 
 if TYPE_CHECKING:
     from conftest import Cluster, PlaybookRun
