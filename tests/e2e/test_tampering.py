@@ -12,6 +12,7 @@ import json
 import re
 import secrets
 import stat
+import subprocess
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator
@@ -47,9 +48,12 @@ def stop_background_jobs(site: Cluster) -> Iterator[None]:
     stop_background(site)
 
 
-def wait_for(check: Callable[[], bool], what: str, timeout: float) -> None:
+def wait_for(check: Callable[[], bool], what: str, timeout: float, playbook: subprocess.Popen | None = None) -> None:
+    """Until check() holds; fails at once, with its output, if the playbook started in the background ended."""
     deadline = time.time() + timeout
     while not check():
+        if playbook is not None and playbook.poll() is not None:
+            pytest.fail(f"train.yml ended before the {what}:\n{playbook.communicate()[0][-4000:]}")
         assert time.time() < deadline, f"no {what} within {timeout:.0f} s"
         time.sleep(1)
 
@@ -95,7 +99,7 @@ def test_a_job_that_plants_links_fifos_and_hard_links_gets_nothing_from_root(
 
     # 1. The job runs and plants (after its first checkpoint) on both workers.
     proc = start_train(site, runs, *JOB)
-    wait_for(lambda: all((job_dir / "nodes" / node / "planted").exists() for node in workers(site)), "planting", 600)
+    wait_for(lambda: all((job_dir / "nodes" / node / "planted").exists() for node in workers(site)), "planting", 600, proc)
     assert (job_dir / "nodes/node3/unit.log").readlink() == Path("/root/pwned-node3")
     # The unit's shell execs the launcher: it is the unit's main process (KillMode=mixed signals it), as the account.
     main = site.ssh("node3", "ps -o user=,args= -p $(systemctl show -P MainPID dglkit-job)").stdout.split()
