@@ -14,6 +14,7 @@ COMMANDS = {
     "launch": ("dglkit.launch", "start and supervise this node's DGL servers and trainers"),
     "watch": ("dglkit.watch", "report the state of a running job across all nodes"),
     "report": ("dglkit.report", "summarise a finished job: summary and training curves"),
+    "pack": ("dglkit.pack", "a job directory's regular files as one tar archive (links and FIFOs left out)"),
 }
 
 

@@ -1,9 +1,11 @@
 """Small helpers shared by the commands."""
 
+import errno
 import hashlib
 import json
 import os
 import resource
+import stat
 import sys
 import tempfile
 import time
@@ -35,23 +37,68 @@ def digest(value: Any) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 
-def read_json(path: Path) -> dict[str, Any] | None:
-    """The JSON object in path, or None when it is missing or unreadable (then it gets rebuilt)."""
+def open_regular(path: Path | str, dir_fd: int | None = None) -> int:
+    """A read-only descriptor of path when it is a regular file, else OSError.
+
+    Job directories are writable by the job: whatever runs outside its sandbox reads them without following a
+    link it planted (O_NOFOLLOW) and without blocking on a FIFO (O_NONBLOCK).
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+    kind = file_kind(os.fstat(fd))
+    if kind != "file":
+        os.close(fd)
+        raise OSError(errno.EINVAL, f"{kind}, not a regular file", str(path))
+    return fd
+
+
+def file_kind(st: os.stat_result) -> str:
+    """What a stat result is, in words ("file" for a regular file)."""
+    if stat.S_ISREG(st.st_mode):
+        return "file"
+    kinds = {stat.S_ISLNK: "a symbolic link", stat.S_ISDIR: "a directory", stat.S_ISFIFO: "a FIFO",
+             stat.S_ISSOCK: "a socket", stat.S_ISCHR: "a character device", stat.S_ISBLK: "a block device"}
+    return next((name for test, name in kinds.items() if test(st.st_mode)), "a special file")
+
+
+def is_regular(path: Path) -> bool:
     try:
-        with open(path) as f:
-            value = json.load(f)
+        return file_kind(os.lstat(path)) == "file"
+    except OSError:
+        return False
+
+
+def read_text(path: Path) -> str:
+    """The text of a regular file (open_regular: no link, FIFO or hard link)."""
+    with os.fdopen(open_regular(path)) as f:
+        return f.read()
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    """The JSON object in path, or None when it is missing, unreadable or not a regular file (then it gets
+    rebuilt)."""
+    try:
+        value = json.loads(read_text(path))
     except (OSError, ValueError):
         return None
     return value if isinstance(value, dict) else None
 
 
+def replace_file(path: Path, data: bytes) -> None:
+    """Write atomically: a reader (or a re-run after a crash) never sees half a file. The data goes to a new
+    temporary file and is renamed over path, which replaces whatever path is (a link is not written through)."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            os.fchmod(f.fileno(), 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
 def write_json(path: Path, value: dict[str, Any]) -> None:
-    """Write atomically: a reader (or a re-run after a crash) never sees half a file."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        json.dump(value, f, indent=2, sort_keys=True)
-        f.write("\n")
-    os.replace(tmp, path)
+    replace_file(path, (json.dumps(value, indent=2, sort_keys=True) + "\n").encode())
 
 
 def read_partition_config(path: Path) -> dict[str, Any]:

@@ -6,12 +6,13 @@ Nothing is rewritten when the summary is unchanged.
 """
 
 import argparse
+import io
 import json
 import statistics
 from pathlib import Path
 from typing import Any
 
-from dglkit.common import UserError, emit_result, read_json, write_json
+from dglkit.common import UserError, emit_result, is_regular, read_json, read_text, replace_file, write_json
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -23,21 +24,24 @@ def run(args: argparse.Namespace) -> int:
     events = read_metrics(job_dir / "metrics.jsonl")
     summary = summarise(job_dir, events, read_json(job_dir / "result.json"))
     outputs = [job_dir / name for name in ("summary.json", "summary.txt", "curves.png")]
-    if read_json(outputs[0]) == summary and all(path.is_file() for path in outputs):
+    if read_json(outputs[0]) == summary and all(map(is_regular, outputs)):
         emit_result({"changed": False, "summary": str(outputs[1]), **headline(summary)})
         return 0
     epochs = [event for event in events if event.get("event") == "epoch"]
     plot(epochs, summary, outputs[2])
-    outputs[1].write_text(text(summary))
+    replace_file(outputs[1], text(summary).encode())
     write_json(outputs[0], summary)
     emit_result({"changed": True, "summary": str(outputs[1]), **headline(summary)})
     return 0
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
-    if not path.is_file():
-        raise UserError(f"{path} not found: pass the --job-dir whose trainer wrote metrics.jsonl")
-    lines = path.read_text().splitlines()
+    try:
+        lines = read_text(path).splitlines()
+    except FileNotFoundError:
+        raise UserError(f"{path} not found: pass the --job-dir whose trainer wrote metrics.jsonl") from None
+    except OSError as error:
+        raise UserError(f"{path}: {error.strerror}: the job replaced it, nothing to summarise") from None
     events = []
     for number, line in enumerate(lines, 1):
         try:
@@ -179,7 +183,7 @@ def plot(epochs: list[dict[str, Any]], summary: dict[str, Any], path: Path) -> N
         axis.xaxis.get_major_locator().set_params(integer=True)
     fig.suptitle(summary["title"])
     fig.tight_layout()
-    tmp = path.with_name(path.name + ".tmp.png")
-    fig.savefig(tmp, dpi=90)
+    image = io.BytesIO()
+    fig.savefig(image, format="png", dpi=90)
     plt.close(fig)
-    tmp.replace(path)
+    replace_file(path, image.getvalue())

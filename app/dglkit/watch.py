@@ -14,7 +14,7 @@ import json
 import time
 from pathlib import Path
 
-from dglkit.common import UserError, emit_result, read_json, shared_fs_now
+from dglkit.common import UserError, emit_result, read_json, read_text, shared_fs_now
 
 POLL = 1.0
 
@@ -50,7 +50,7 @@ def node_states(job_dir: Path, nodes: list[str], stale_after: float) -> dict[str
 
 def latest_progress(job_dir: Path) -> dict | None:
     try:
-        lines = (job_dir / "metrics.jsonl").read_text().splitlines()
+        lines = read_text(job_dir / "metrics.jsonl").splitlines()
     except OSError:
         return None
     for line in reversed(lines):

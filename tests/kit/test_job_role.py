@@ -28,7 +28,16 @@ def records(tmp_path_factory: pytest.TempPathFactory) -> dict:
                               "node3": {"ansible_host": "10.9.0.13", "dglkit_cluster_address": "10.8.0.13"}}},
     }}}}}))
     env = {**os.environ, "ANSIBLE_STDOUT_CALLBACK": "json", "ANSIBLE_NOCOLOR": "1"}
-    proc = subprocess.run([BIN / "ansible-playbook", "-i", inventory, "tests/kit/job_role.yml", "-e", f"repo={REPO}"],
+    # A program whose directory links out of itself (data, secret) and inside itself (latest.py).
+    linked = tmp_path_factory.mktemp("linked") / "project"
+    linked.mkdir()
+    (linked / "train.py").write_text("print('training')\n")
+    (linked.parent / "secret").write_text("not the program's\n")
+    (linked / "data").symlink_to("/etc")
+    (linked / "secret").symlink_to(linked.parent / "secret")
+    (linked / "latest.py").symlink_to("train.py")
+    proc = subprocess.run([BIN / "ansible-playbook", "-i", inventory, "tests/kit/job_role.yml", "-e", f"repo={REPO}",
+                           "-e", f"linked_program={linked}"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     found = {}
@@ -179,6 +188,7 @@ def test_job_json_of_a_resized_cluster_uses_the_new_partition(records: dict) -> 
     ("program-one-word", "dgl_program_command=python3 is one word: with -e, quote the whole command"),
     ("names-without-program", "dgl_job_node_data_names names node data for your own program: set dgl_program_dir"),
     ("names-list", "dgl_job_node_data_names={\"feat\": [\"features\"]}: map a node data name to the name"),
+    ("program-links", "project: symbolic link(s) data, secret lead out of the program's directory; the kit ships"),
 ])
 def test_bad_settings_fail_with_a_message_that_names_them(records: dict, case: str, message: str) -> None:
     assert message in records[f"reject-{case}"]

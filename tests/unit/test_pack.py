@@ -1,0 +1,148 @@
+"""`dglkit pack` (storage host) and roles/dgl_job/files/unpack_results.py (controller) on a job directory that
+the job tampered with: links, FIFOs, hard links and directories where its files were. Nothing is read
+through them, nothing outside the run folder is written, and what was left out is named."""
+
+import importlib.util
+import io
+import json
+import os
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from dglkit.common import read_json
+from dglkit.report import run as report_run
+
+REPO = Path(__file__).resolve().parents[2]
+spec = importlib.util.spec_from_file_location("unpack_results", REPO / "roles/dgl_job/files/unpack_results.py")
+unpack_results = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(unpack_results)
+
+SECRET = "root-only marker 4f1c"
+
+
+@pytest.fixture
+def tampered(tmp_path: Path) -> Path:
+    """A job directory: regular results, and what a job could plant among them."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret").write_text(SECRET + "\n")
+    (outside / "secret.json").write_text(json.dumps({"secret": SECRET}))
+    job = tmp_path / "job"
+    (job / "nodes/node2").mkdir(parents=True)
+    (job / "result.json").write_text('{"val_acc": 0.9}\n')
+    (job / "nodes/node2/launcher.log").write_text("started\n")
+    (job / "nodes/node2/unit.log").symlink_to(outside / "secret")
+    (job / "settings.json").symlink_to(outside / "secret.json")
+    (job / "nodes/node3").symlink_to(outside)  # a directory link: never entered
+    os.mkfifo(job / "FAILED")
+    (job / "summary.txt").mkdir()  # a directory where a file was
+    (job / "summary.txt/inner").write_text("inside a directory\n")
+    (job / "model.pt").write_text("weights\n")
+    os.link(job / "model.pt", job / "model-copy.pt")
+    return job
+
+
+def test_pack_holds_regular_files_alone_and_names_the_rest(cli, tampered: Path, tmp_path: Path):
+    archive = tmp_path / "job.tar"
+    code, result, err = cli("pack", "--job-dir", tampered, "--out", archive)
+    assert code == 0
+    with tarfile.open(archive) as tar:
+        members = {m.name: m for m in tar}
+        assert all(m.isreg() and m.uid == 0 and m.uname == "" for m in members.values())
+        contents = {name: tar.extractfile(m).read().decode() for name, m in members.items()}
+    assert sorted(contents) == ["nodes/node2/launcher.log", "result.json", "summary.txt/inner"]
+    assert not any(SECRET in text for text in contents.values())
+    assert sorted(result["skipped"]) == ["FAILED (a FIFO)", "model-copy.pt (a hard link: 2 names)",
+                                         "model.pt (a hard link: 2 names)", "nodes/node2/unit.log (a symbolic link)",
+                                         "nodes/node3 (a symbolic link)", "settings.json (a symbolic link)"]
+    assert result["files"] == 3 and "dglkit pack: warning: left out FAILED (a FIFO)" in err
+
+
+def test_pack_selects_by_relative_path(cli, tampered: Path, tmp_path: Path):
+    archive = tmp_path / "job.tar"
+    code, result, _ = cli("pack", "--job-dir", tampered, "--out", archive, "--match", "nodes/.*|result.json|FAILED")
+    with tarfile.open(archive) as tar:
+        assert sorted(tar.getnames()) == ["nodes/node2/launcher.log", "result.json"]
+    # Only what the selection names is reported: the kit's trainer has files the run folder never gets.
+    assert sorted(result["skipped"]) == ["FAILED (a FIFO)", "nodes/node2/unit.log (a symbolic link)",
+                                         "nodes/node3 (a symbolic link)"]
+
+
+def test_readers_do_not_follow_links_or_block_on_fifos(tampered: Path):
+    assert read_json(tampered / "settings.json") is None
+    assert read_json(tampered / "FAILED") is None  # a plain open() blocks until a writer comes
+    assert read_json(tampered / "result.json") == {"val_acc": 0.9}
+
+
+def test_report_replaces_planted_outputs_instead_of_writing_through_them(tmp_path: Path):
+    job, outside = tmp_path / "job", tmp_path / "outside"
+    job.mkdir()
+    outside.write_text(SECRET)
+    epoch = {"event": "epoch", "epoch": 0, "loss": 1.0, "val_acc": 0.5, "epoch_time": 1.0, "seeds_per_s": 10.0}
+    (job / "metrics.jsonl").write_text(json.dumps(epoch) + "\n")
+    (job / "summary.json").symlink_to(outside)
+    (job / "summary.txt").symlink_to(outside)
+    os.mkfifo(job / "curves.png")
+    assert report_run(type("Args", (), {"job_dir": job})()) == 0
+    assert outside.read_text() == SECRET
+    assert all((job / name).is_file() and not (job / name).is_symlink()
+               for name in ("summary.json", "summary.txt", "curves.png"))
+
+
+def tar_of(*members: tuple[tarfile.TarInfo, bytes]) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for info, data in members:
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+def member(name: str, kind: bytes = tarfile.REGTYPE, link: str = "") -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname, info.mtime = kind, link, 1_700_000_000
+    return info
+
+
+def test_unpack_writes_regular_files_inside_the_run_folder_only(tmp_path: Path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep").write_text("mine\n")
+    archive = tmp_path / "results.tar"
+    archive.write_bytes(tar_of(
+        (member("FAILED"), b'{"node": "node2"}\n'),
+        (member("nodes/node2/unit.log"), b"launcher line\n"),
+        (member("secret", tarfile.SYMTYPE, "/etc/shadow"), b""),
+        (member("hard", tarfile.LNKTYPE, "FAILED"), b""),
+        (member("fifo", tarfile.FIFOTYPE), b""),
+        (member("../escaped"), b"out\n"),
+        (member("/abs"), b"out\n"),
+    ))
+    run = tmp_path / "runs/job"
+    run.mkdir(parents=True)
+    # What an older kit's unarchive could have left: links where a directory and a file go.
+    (run / "nodes").symlink_to(outside)
+    (run / "FAILED").symlink_to(outside / "keep")
+    result = unpack_results.unpack(str(archive), str(run))
+    assert result["changed"] and result["files"] == 2
+    assert sorted(result["skipped"]) == ["../escaped (a name outside the run folder)",
+                                         "/abs (a name outside the run folder)", "fifo (a FIFO)",
+                                         "hard (a hard link)", "secret (a symbolic link)"]
+    assert (run / "FAILED").read_text() == '{"node": "node2"}\n' and not (run / "FAILED").is_symlink()
+    assert not (run / "nodes").is_symlink() and (run / "nodes/node2/unit.log").read_text() == "launcher line\n"
+    assert sorted(p.name for p in outside.iterdir()) == ["keep"] and (outside / "keep").read_text() == "mine\n"
+    assert not (tmp_path / "runs/escaped").exists() and sorted(p.name for p in run.iterdir()) == ["FAILED", "nodes"]
+    # The same archive again changes nothing.
+    assert unpack_results.unpack(str(archive), str(run))["changed"] is False
+
+
+def test_pack_then_unpack_round_trip(cli, tampered: Path, tmp_path: Path):
+    archive, run = tmp_path / "job.tar", tmp_path / "run"
+    run.mkdir()
+    cli("pack", "--job-dir", tampered, "--out", archive)
+    result = unpack_results.unpack(str(archive), str(run))
+    assert result["files"] == 3 and result["skipped"] == []
+    assert (run / "result.json").read_text() == '{"val_acc": 0.9}\n'
+    assert int((run / "result.json").stat().st_mtime) == int((tampered / "result.json").stat().st_mtime)
