@@ -1,5 +1,5 @@
 """Jobs on an nspawn test cluster for the bench scripts: stand the cluster up, partition on it, start a job
-with the kit's launcher or with DGL's plain launch.py contract (FACTS §2), and watch or stop its processes.
+with the kit's launcher or with DGL's plain launch.py contract (docs/design.md, the node CLI's `launch`), and watch or stop its processes.
 
 Processes are observed from this machine: a host's processes sit in the cgroup /dglkit-<cluster>-<host>/
 (testcluster.py), so polling them costs no SSH round trip and sees every node at the same instant.
@@ -131,7 +131,7 @@ def start_kit(cluster: Cluster, job_dir: str, part_config: str, settings: dict, 
 
 def start_plain(cluster: Cluster, job_dir: str, part_config: str, train_args: list[str], num_servers: int = 1,
                 num_trainers: int = 1, num_samplers: int = 0, master_port: int = 29500) -> None:
-    """DGL's tools/launch.py contract by hand (FACTS §2): per machine, servers with the server environment and one
+    """DGL's tools/launch.py contract by hand: per machine, servers with the server environment and one
     torchrun for the trainers, started over SSH and left alone, as launch.py leaves them. Two additions that these
     hosts need to run at all: GLOO_SOCKET_IFNAME (the hostname maps to 127.0.1.1) and DGLBACKEND."""
     workers = cluster.workers()

@@ -107,7 +107,7 @@ def small_graph() -> dict[str, np.ndarray]:
 
 
 def write_ogbn_products(directory: Path, graph: dict[str, np.ndarray]) -> None:
-    """ogb's on-disk layout of ogbn-products (FACTS.md §1), as ogb would leave it after its own download."""
+    """ogb's on-disk layout of ogbn-products, as ogb would leave it after its own download."""
     def csv_gz(name: str, rows: np.ndarray) -> None:
         path = directory / name
         path.parent.mkdir(parents=True, exist_ok=True)
