@@ -30,6 +30,7 @@ from pathlib import Path
 
 import psutil
 
+from dglkit.blame import is_victim, progress, repeats
 from dglkit.common import (UserError, check_machine_count, emit_result, read_json, read_partition_config,
                            shared_fs_now, write_json)
 
@@ -191,7 +192,8 @@ def preflight(cfg: argparse.Namespace) -> dict:
     failed = read_json(job_dir / "FAILED")
     # A FAILED with restarts left is a restart in progress, which a launcher started late (a host back from a
     # reboot) joins.
-    if (job_dir / "FAILED").exists() and (failed or {}).get("attempt", 1) > cfg.max_restarts:
+    if (job_dir / "FAILED").exists() and ((failed or {}).get("attempt", 1) > cfg.max_restarts
+                                          or repeats(job_dir, failed or {})):
         raise UserError(f"{job_dir}/FAILED exists (node {(failed or {}).get('node')}): this job has failed; "
                         "start a new job directory")
     if (job_dir / "STOP").exists():
@@ -320,6 +322,8 @@ class Launcher:
         self.attempt = current_attempt(job["job_dir"])
         self.peers_checked = 0.0
         self.attempt_started = time.monotonic()
+        # Whether the current attempt started its processes (one that waited for a node in vain did not).
+        self.started = True
 
     def run(self) -> None:
         """Attempts until one succeeds, a stop is requested, this host shuts down or the restarts run out."""
@@ -341,18 +345,24 @@ class Launcher:
                 self.set_state("failed", reason if self.cfg.max_restarts == 0 else
                                f"attempt {self.attempt} failed ({reason}); no restarts left")
                 return
+            if repeats(self.job["job_dir"], failed):
+                self.set_state("failed", f"attempt {self.attempt} failed as attempt {self.attempt - 1} did ({reason}) "
+                               "and made no progress; not restarting")
+                return
             self.set_state("restarting", f"attempt {self.attempt} failed ({reason})")
             missing = self.wait_for_peers()
             if self.state == "stopped":
                 return
             self.archive_attempt()
             self.attempt += 1
+            self.started = False
             if missing:
                 self.fail("node", None, f"node(s) {', '.join(missing)} did not come back within "
                           f"{self.cfg.restart_wait:.0f} s", self.node_dir / "launcher.log", node=missing[0])
 
     def run_attempt(self) -> None:
         self.procs, self.logs, self.pgids = {}, {}, set()
+        self.started = True
         self.attempt_started = time.monotonic()
         self.set_state("starting")
         self.say(f"attempt {self.attempt} of at most {self.cfg.max_restarts + 1}")
@@ -441,10 +451,11 @@ class Launcher:
                    DGL_NUM_CLIENT=str(cfg.num_trainers * (1 + cfg.num_samplers) * num_machines),
                    DGL_CONF_PATH=str(job["part_config"]), DGL_IP_CONFIG=str(job["ip_config"]),
                    DGL_NUM_SERVER=str(cfg.num_servers), DGL_NUM_SAMPLER=str(cfg.num_samplers),
-                   DGL_GRAPH_FORMAT="csc", DGLKIT_OUTPUT_DIR=str(job["job_dir"]))
+                   DGL_GRAPH_FORMAT="csc", DGLKIT_OUTPUT_DIR=str(job["job_dir"]),
+                   DGLKIT_FAILURE_DIR=str(self.node_dir), DGLKIT_NODE=cfg.node_name)
         for s in range(cfg.num_servers):
             server_env = dict(env, DGL_ROLE="server", DGL_SERVER_ID=str(job["machine_id"] * cfg.num_servers + s),
-                              DGL_KEEP_ALIVE="0", OMP_NUM_THREADS=str(cfg.server_threads))
+                              DGL_KEEP_ALIVE="0", OMP_NUM_THREADS=str(cfg.server_threads), DGLKIT_PROCESS=f"server-{s}")
             self.start(f"server-{s}", job["command"], server_env, self.node_dir / f"server-{s}.log")
         # Trainers connect to every server with a bounded number of retries: start them once ours listen.
         self.wait_for_servers_listening()
@@ -517,6 +528,8 @@ class Launcher:
 
     def check_processes(self) -> bool:
         """A local process that failed: fail the job."""
+        if self.check_failure_records():
+            return True
         for name, proc in self.procs.items():
             code = proc.poll()
             if code not in (None, 0):
@@ -527,6 +540,22 @@ class Launcher:
                         return True
                 self.fail(name, code, f"exited with {describe_exit(code)}", log)
                 return True
+        return False
+
+    def check_failure_records(self) -> bool:
+        """A process of this node that left a failure record (an uncaught exception, jobsite/sitecustomize.py) fails
+        the attempt at once, naming it with its traceback, even when its parent would wait for it (a sampler)."""
+        found = [record for record in map(read_json, self.node_dir.glob("failure-*.json")) if record and "process" in record]
+        # A process that only lost a peer raises too, maybe first: the other one is the cause.
+        for record in sorted(found, key=lambda record: (is_victim(record), record.get("time", 0))):
+            if is_victim(record) and self.peer_failed_first():
+                return True
+            name = record["process"]
+            rank = name.removeprefix("trainer-").removesuffix("-sampler")
+            log = self.logs.get(name, self.node_dir / f"trainer-{rank}.log")
+            self.fail(name, None, record.get("error", ""), log if log.exists() else self.logs.get("trainers", log),
+                      tail=record.get("traceback", [])[-12:], where=record.get("where"))
+            return True
         return False
 
     def peer_failed_first(self) -> bool:
@@ -604,12 +633,16 @@ class Launcher:
         failed = read_json(self.job["job_dir"] / "FAILED")
         return failed if failed is not None and failed.get("attempt", 1) == self.attempt else None
 
-    def fail(self, process: str, code: int | None, reason: str, log: Path, node: str | None = None) -> None:
-        """Record the failure and, if no other node was first, write the job's FAILED file."""
-        tail = log_tail(log)
+    def fail(self, process: str, code: int | None, reason: str, log: Path, node: str | None = None,
+             tail: list[str] | None = None, where: str | None = None) -> None:
+        """Record the failure in this node's failed.json and, if no other node was first, in the job's FAILED
+        file (which stops every node)."""
+        tail = log_tail(log) if tail is None else tail
         self.say(f"FAILED: {process}: {reason}; last lines of {log}:\n    " + "\n    ".join(tail))
         record = {"node": node or self.cfg.node_name, "process": process, "exit_code": code, "reason": reason,
-                  "log": str(log), "log_tail": tail, "time": time.time(), "attempt": self.attempt}
+                  "where": where, "log": str(log), "log_tail": tail, "time": time.time(), "attempt": self.attempt,
+                  "started": self.started, "progress": progress(self.job["job_dir"])}
+        write_json(self.node_dir / "failed.json", record)
         tmp = self.job["job_dir"] / f".FAILED.{self.cfg.node_name}.{os.getpid()}"
         tmp.write_text(json.dumps(record, indent=1) + "\n")
         try:
