@@ -1,7 +1,8 @@
 """Distributed GraphSAGE in the style of DGL's examples (started by DGL's launch.py or the kit, once per server
 and through torchrun once per trainer) in which one process raises mid-training, as a bug would make it:
---fail server (server --fail_id, while it serves a pull), trainer (rank --fail_id) or sampler (a sampler
-process of trainer rank --fail_id), after --fail_after requests, steps or batches.
+--fail server (server --fail_id, the machine's first one, which serves the barrier at the end of each epoch),
+trainer (rank --fail_id) or sampler (a sampler process of trainer rank --fail_id), after --fail_after barrier
+requests, steps or batches.
 """
 import argparse
 import multiprocessing
@@ -29,17 +30,17 @@ class Sampler(dgl.dataloading.NeighborSampler):
 
 
 def fail_while_serving(server_id, fail_after):
-    """Make this server's pull handler raise after `fail_after` pulls."""
-    pull = dgl.distributed.kvstore.PullRequest.process_request
+    """Make this server's barrier handler raise after `fail_after` barrier requests."""
+    barrier = dgl.distributed.kvstore.BarrierRequest.process_request
     served = [0]
 
     def process_request(self, server_state):
         served[0] += 1
         if served[0] > fail_after:
             raise KeyError(f"injected server failure in server {server_id}")
-        return pull(self, server_state)
+        return barrier(self, server_state)
 
-    dgl.distributed.kvstore.PullRequest.process_request = process_request
+    dgl.distributed.kvstore.BarrierRequest.process_request = process_request
 
 
 class SAGE(nn.Module):
@@ -76,6 +77,7 @@ def main(args):
             loss.backward()
             optimizer.step()
         print(f"Part {rank} | Epoch {epoch:05d} | Loss {loss.item():.4f}", flush=True)
+        g.barrier()
 
 
 if __name__ == "__main__":
