@@ -50,7 +50,10 @@ def records(attempt_dir: Path) -> list[dict[str, Any]]:
 
 
 def is_victim(record: dict[str, Any]) -> bool:
-    """The process failed because a peer did (or was stopped): its error is about the connection it lost."""
+    """The process failed because a peer did (or was stopped): its error is about the connection it lost. One
+    killed by a signal other than a stop's was killed from outside: a cause, whatever its log says."""
+    if (record.get("exit_code") or 0) < 0 and record["exit_code"] not in (-2, -15):
+        return False
     text = " ".join([str(record.get("error") or record.get("reason") or ""), *record.get("traceback", [])[-3:],
                      *([] if record.get("error") else record.get("log_tail", [])[-5:])])
     return bool(PEER_LOST.search(text))
