@@ -112,7 +112,7 @@ def verdict(job_dir: Path, failed: dict, max_restarts: int) -> dict:
         message += f" (at {cause['where']})"
     if cause["consequences"]:
         message += "; stopped because of it: " + ", ".join(
-            f"{c['node']} {c['process']} ({c['reason']})" for c in cause["consequences"])
+            f"{c['node']} {c['process']} ({shorten(c['reason'], 120)})" for c in cause["consequences"])
     if same:
         message += f"; failed {ran} times with the same error"
         if attempt <= max_restarts:
@@ -127,6 +127,10 @@ def verdict(job_dir: Path, failed: dict, max_restarts: int) -> dict:
             "process": cause["process"], "log": cause["tail_from"], "log_tail": cause["log_tail"],
             "consequences": cause["consequences"], "attempts_run": ran, "same_error": same,
             "checkpoint": checkpoint, "message": message}
+
+
+def shorten(text: str, width: int) -> str:
+    return text if len(text) <= width else text[:width - 1] + "…"
 
 
 # The figures of an epoch event that the progress line shows, where the task reports them.
