@@ -79,8 +79,9 @@ STATUS_EVERY = 2.0
 # large graph or a busy machine that takes minutes, whatever --stall-timeout says.
 START_TIMEOUT = 600.0
 POLL = 0.5
-# A trainer that exits with an error may only have lost a peer that died on another node first; that node's
-# launcher notices within torchrun's monitor interval (1 s) and a poll, and its record names the cause.
+# A trainer that exits with an error, or leaves a failure record saying it lost a peer, may only have lost a peer
+# that died first, here or on another node; that process's exit or record shows within torchrun's monitor
+# interval (1 s) and a poll.
 PEER_SETTLE = 3.0
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
@@ -324,6 +325,7 @@ class Launcher:
         self.attempt_started = time.monotonic()
         # Whether the current attempt started its processes (one that waited for a node in vain did not).
         self.started = True
+        self.victim_seen = 0.0
 
     def run(self) -> None:
         """Attempts until one succeeds, a stop is requested, this host shuts down or the restarts run out."""
@@ -362,7 +364,7 @@ class Launcher:
 
     def run_attempt(self) -> None:
         self.procs, self.logs, self.pgids = {}, {}, set()
-        self.started = True
+        self.started, self.victim_seen = True, 0.0
         self.attempt_started = time.monotonic()
         self.set_state("starting")
         self.say(f"attempt {self.attempt} of at most {self.cfg.max_restarts + 1}")
@@ -546,10 +548,14 @@ class Launcher:
         """A process of this node that left a failure record (an uncaught exception, jobsite/sitecustomize.py) fails
         the attempt at once, naming it with its traceback, even when its parent would wait for it (a sampler)."""
         found = [record for record in map(read_json, self.node_dir.glob("failure-*.json")) if record and "process" in record]
-        # A process that only lost a peer raises too, maybe first: the other one is the cause.
+        # A process that only lost a peer raises too, often first: the cause may be a process of this node that
+        # was killed (its exit shows within torchrun's monitor interval) or another node's, so a victim's record
+        # counts only once PEER_SETTLE seconds have passed without either.
         for record in sorted(found, key=lambda record: (is_victim(record), record.get("time", 0))):
-            if is_victim(record) and self.peer_failed_first():
-                return True
+            if is_victim(record):
+                self.victim_seen = self.victim_seen or time.monotonic()
+                if time.monotonic() - self.victim_seen < PEER_SETTLE:
+                    return False
             name = record["process"]
             rank = name.removeprefix("trainer-").removesuffix("-sampler")
             log = self.logs.get(name, self.node_dir / f"trainer-{rank}.log")
