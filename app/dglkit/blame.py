@@ -1,10 +1,11 @@
 """Which process of a failed attempt failed first, and which ones only stopped because of it.
 
 Every failure of an attempt leaves a record in its node's directory (`nodes/<node>/`, moved to
-`attempts/<n>/nodes/<node>/` by a restart):
+`attempts/<n>/nodes/<node>/` by a restart; a node that was down at the restart keeps its records of attempt n in
+`nodes/<node>/`, which is why each record names its attempt):
 
 - `failure-<pid>.json`, written by the process itself when an uncaught exception ends it (jobsite/sitecustomize.py):
-  `{"node", "process", "pid", "error", "where", "traceback", "time"}`;
+  `{"node", "process", "pid", "attempt", "error", "where", "traceback", "time"}`;
 - `failed.json`, written by the node's launcher when it fails the attempt: FAILED's fields (a process that
   exited, stalled, a node gone silent, the host shutting down).
 
@@ -28,14 +29,15 @@ PEER_LOST = re.compile(r"Connection (reset|closed|refused)|Broken pipe|DistConne
 TAIL = 20
 
 
-def records(attempt_dir: Path) -> list[dict[str, Any]]:
-    """Every failure record of the attempt whose files are in attempt_dir (the job dir, or attempts/<n>), a
-    process's own record merged with its launcher's, oldest first."""
+def records(job_dir: Path, attempt: int) -> list[dict[str, Any]]:
+    """Every failure record of the attempt (in nodes/ or attempts/<attempt>/nodes/), a process's own record merged
+    with its launcher's, oldest first."""
     found: dict[tuple[str, str], dict[str, Any]] = {}
-    paths = sorted(attempt_dir.glob("nodes/*/failure-*.json")) + sorted(attempt_dir.glob("nodes/*/failed.json"))
+    paths = [path for directory in (job_dir, job_dir / "attempts" / str(attempt)) for name in ("failure-*.json", "failed.json")
+             for path in sorted(directory.glob(f"nodes/*/{name}"))]
     for path in paths:
         record = read_json(path)
-        if record is None or "process" not in record:
+        if record is None or "process" not in record or record.get("attempt", attempt) != attempt:
             continue
         record = {**record, "node": record.get("node") or path.parent.name, "stamp": path.stat().st_mtime}
         key = (record["node"], record["process"])
@@ -59,10 +61,10 @@ def is_victim(record: dict[str, Any]) -> bool:
     return bool(PEER_LOST.search(text))
 
 
-def blame(attempt_dir: Path) -> dict[str, Any] | None:
+def blame(job_dir: Path, attempt: int) -> dict[str, Any] | None:
     """{"cause": the record of the process that failed first, "consequences": the others}, or None when the
     attempt left no record (then its FAILED file is all there is)."""
-    found = records(attempt_dir)
+    found = records(job_dir, attempt)
     if not found:
         return None
     causes = [record for record in found if not is_victim(record)] or found
@@ -80,12 +82,12 @@ def describe(record: dict[str, Any]) -> dict[str, Any]:
             Path(record.get("log") or "its log").name}
 
 
-def cause_of(attempt_dir: Path) -> dict[str, Any]:
+def cause_of(job_dir: Path, attempt: int) -> dict[str, Any]:
     """The cause of a failed attempt: by its records, else what its FAILED file says."""
-    verdict = blame(attempt_dir)
+    verdict = blame(job_dir, attempt)
     if verdict:
         return {**verdict["cause"], "consequences": verdict["consequences"]}
-    failed = read_json(attempt_dir / "FAILED") or {}
+    failed = read_json(job_dir / "attempts" / str(attempt) / "FAILED") or read_json(job_dir / "FAILED") or {}
     return {**describe(failed), "consequences": []}
 
 
@@ -120,7 +122,7 @@ def history(job_dir: Path) -> list[dict[str, Any]]:
     """Each failed attempt that was restarted (attempts/<n>/), oldest first, with its cause."""
     numbers = sorted(int(path.parent.name) for path in job_dir.glob("attempts/*/FAILED") if path.parent.name.isdigit())
     return [{"attempt": n, "started": (read_json(job_dir / "attempts" / str(n) / "FAILED") or {}).get("started", True),
-             **cause_of(job_dir / "attempts" / str(n))} for n in numbers]
+             **cause_of(job_dir, n)} for n in numbers]
 
 
 def same_error(causes: list[dict[str, Any]]) -> bool:

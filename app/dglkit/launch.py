@@ -454,7 +454,7 @@ class Launcher:
                    DGL_CONF_PATH=str(job["part_config"]), DGL_IP_CONFIG=str(job["ip_config"]),
                    DGL_NUM_SERVER=str(cfg.num_servers), DGL_NUM_SAMPLER=str(cfg.num_samplers),
                    DGL_GRAPH_FORMAT="csc", DGLKIT_OUTPUT_DIR=str(job["job_dir"]),
-                   DGLKIT_FAILURE_DIR=str(self.node_dir), DGLKIT_NODE=cfg.node_name)
+                   DGLKIT_FAILURE_DIR=str(self.node_dir), DGLKIT_NODE=cfg.node_name, DGLKIT_ATTEMPT=str(self.attempt))
         for s in range(cfg.num_servers):
             server_env = dict(env, DGL_ROLE="server", DGL_SERVER_ID=str(job["machine_id"] * cfg.num_servers + s),
                               DGL_KEEP_ALIVE="0", OMP_NUM_THREADS=str(cfg.server_threads), DGLKIT_PROCESS=f"server-{s}")

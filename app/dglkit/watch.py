@@ -86,7 +86,7 @@ def snapshot(job_dir: Path, nodes: list[str], stale_after: float, final: bool) -
     elif (job_dir / "STOP").exists():
         result.update(state="stopped", reason="stopped on request (playbooks/stop.yml)")
     elif restarts_left:
-        cause = cause_of(job_dir)
+        cause = cause_of(job_dir, failed.get("attempt", 1))
         result.update(state="restarting", failed_node=cause["node"], reason=f"{cause['process']}: {cause['reason']}")
     elif any(s["state"] == "restarting" for s in states.values()):
         result["state"] = "restarting"
@@ -101,8 +101,8 @@ def snapshot(job_dir: Path, nodes: list[str], stale_after: float, final: bool) -
 def verdict(job_dir: Path, failed: dict, max_restarts: int) -> dict:
     """Why the job failed: the process that failed first with its traceback (dglkit/blame.py), what stopped
     because of it, the attempts that really ran, whether they all failed alike, and whether it can resume."""
-    cause = cause_of(job_dir)
     attempt, started = failed.get("attempt", 1), failed.get("started", True)
+    cause = cause_of(job_dir, attempt)
     ran = attempt if started else attempt - 1
     causes = [past for past in history(job_dir) if past["started"]] + ([cause] if started else [])
     same = same_error(causes)

@@ -148,3 +148,25 @@ def test_the_message_tells_the_attempts_that_ran(cli, tmp_path, attempts, checkp
     assert code == 0, err
     summary = (tmp_path / "summary.txt").read_text()
     assert f"outcome         {watched['message']}" in summary and "no epoch finished" in summary, summary
+
+
+def test_a_node_that_stayed_down_is_blamed_by_the_attempt_it_missed(cli, tmp_path):
+    """node3 went down in attempt 1 and never came back: its launcher's record of attempt 1 is still in nodes/node3/
+    (it could not move it to attempts/1/); attempt 2 failed because node3 did not come back, and says so."""
+    (tmp_path / "job.json").write_text(json.dumps({"max_restarts": 1, "nodes": ["node2", "node3"]}))
+    now = time.time()
+    first = {"node": "node3", "process": "launcher", "exit_code": None, "log_tail": [], "attempt": 1, "started": True,
+             "reason": "received SIGTERM without a stop request (host shutting down?)"}
+    write_record(tmp_path / "nodes/node3/failed.json", first, now - 60)
+    (tmp_path / "attempts/1").mkdir(parents=True)
+    (tmp_path / "attempts/1/FAILED").write_text(json.dumps(first))
+    second = {"node": "node3", "process": "node", "exit_code": None, "log_tail": [], "attempt": 2, "started": False,
+              "reason": "node(s) node3 did not come back within 15 s"}
+    write_record(tmp_path / "nodes/node2/failed.json", second, now - 1)
+    (tmp_path / "FAILED").write_text(json.dumps(second))
+    (tmp_path / "nodes/node2/status.json").write_text(json.dumps({"state": "failed", "attempt": 2}))
+    code, watched, _ = cli("watch", "--job-dir", tmp_path, "--nodes", "node2")
+    assert watched["message"].startswith("failed on node3: node: node(s) node3 did not come back within 15 s; "
+                                         "1 attempt ran (at most 2); attempt 2 did not start"), watched["message"]
+    code, _, err = cli("report", "--job-dir", tmp_path)
+    assert "restart         attempt 1 failed on node3 (launcher: received SIGTERM" in (tmp_path / "summary.txt").read_text()

@@ -35,7 +35,8 @@ def record_failure(kind, value, tb) -> None:
     frames = traceback.extract_tb(tb)
     where = f"{frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name}" if frames else None
     error = " ".join(line.strip() for line in traceback.format_exception_only(kind, value))[:500]
-    record = {"node": os.environ.get("DGLKIT_NODE"), "process": name, "pid": os.getpid(), "error": error,
+    record = {"node": os.environ.get("DGLKIT_NODE"), "process": name, "pid": os.getpid(),
+              "attempt": int(os.environ.get("DGLKIT_ATTEMPT", "1")), "error": error,
               "where": where, "traceback": "".join(traceback.format_exception(kind, value, tb)).splitlines(),
               "time": time.time()}
     path = os.path.join(directory, f"failure-{os.getpid()}.json")
