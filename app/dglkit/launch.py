@@ -32,6 +32,7 @@ from pathlib import Path
 import psutil
 
 from dglkit import nodedata
+from dglkit.blame import is_victim, progress, repeats
 from dglkit.common import (UserError, check_machine_count, emit_result, read_json, read_partition_config,
                            shared_fs_now, write_json)
 
@@ -85,8 +86,9 @@ STATUS_EVERY = 2.0
 # large graph or a busy machine that takes minutes, whatever --stall-timeout says.
 START_TIMEOUT = 600.0
 POLL = 0.5
-# A trainer that exits with an error may only have lost a peer that died on another node first; that node's
-# launcher notices within torchrun's monitor interval (1 s) and a poll, and its record names the cause.
+# A trainer that exits with an error, or leaves a failure record saying it lost a peer, may only have lost a peer
+# that died first, here or on another node; that process's exit or record shows within torchrun's monitor
+# interval (1 s) and a poll.
 PEER_SETTLE = 3.0
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
@@ -202,7 +204,8 @@ def preflight(cfg: argparse.Namespace) -> dict:
     failed = read_json(job_dir / "FAILED")
     # A FAILED with restarts left is a restart in progress, which a launcher started late (a host back from a
     # reboot) joins.
-    if (job_dir / "FAILED").exists() and (failed or {}).get("attempt", 1) > cfg.max_restarts:
+    if (job_dir / "FAILED").exists() and ((failed or {}).get("attempt", 1) > cfg.max_restarts
+                                          or repeats(job_dir, failed or {})):
         raise UserError(f"{job_dir}/FAILED exists (node {(failed or {}).get('node')}): this job has failed; "
                         "start a new job directory")
     if (job_dir / "STOP").exists():
@@ -353,6 +356,9 @@ class Launcher:
         self.attempt = current_attempt(job["job_dir"])
         self.peers_checked = 0.0
         self.attempt_started = time.monotonic()
+        # Whether the current attempt started its processes (one that waited for a node in vain did not).
+        self.started = True
+        self.victim_seen = 0.0
 
     def run(self) -> None:
         """Attempts until one succeeds, a stop is requested, this host shuts down or the restarts run out."""
@@ -374,18 +380,24 @@ class Launcher:
                 self.set_state("failed", reason if self.cfg.max_restarts == 0 else
                                f"attempt {self.attempt} failed ({reason}); no restarts left")
                 return
+            if repeats(self.job["job_dir"], failed):
+                self.set_state("failed", f"attempt {self.attempt} failed as attempt {self.attempt - 1} did ({reason}) "
+                               "and made no progress; not restarting")
+                return
             self.set_state("restarting", f"attempt {self.attempt} failed ({reason})")
             missing = self.wait_for_peers()
             if self.state == "stopped":
                 return
             self.archive_attempt()
             self.attempt += 1
+            self.started = False
             if missing:
                 self.fail("node", None, f"node(s) {', '.join(missing)} did not come back within "
                           f"{self.cfg.restart_wait:.0f} s", self.node_dir / "launcher.log", node=missing[0])
 
     def run_attempt(self) -> None:
         self.procs, self.logs, self.pgids = {}, {}, set()
+        self.started, self.victim_seen = True, 0.0
         self.attempt_started = time.monotonic()
         self.set_state("starting")
         self.say(f"attempt {self.attempt} of at most {self.cfg.max_restarts + 1}")
@@ -476,10 +488,11 @@ class Launcher:
                    DGL_NUM_CLIENT=str(cfg.num_trainers * (1 + cfg.num_samplers) * num_machines),
                    DGL_CONF_PATH=str(job["part_config"]), DGL_IP_CONFIG=str(job["ip_config"]),
                    DGL_NUM_SERVER=str(cfg.num_servers), DGL_NUM_SAMPLER=str(cfg.num_samplers),
-                   DGL_GRAPH_FORMAT="csc", DGLKIT_OUTPUT_DIR=str(job["job_dir"]))
+                   DGL_GRAPH_FORMAT="csc", DGLKIT_OUTPUT_DIR=str(job["job_dir"]),
+                   DGLKIT_FAILURE_DIR=str(self.node_dir), DGLKIT_NODE=cfg.node_name, DGLKIT_ATTEMPT=str(self.attempt))
         for s in range(cfg.num_servers):
             server_env = dict(env, DGL_ROLE="server", DGL_SERVER_ID=str(job["machine_id"] * cfg.num_servers + s),
-                              DGL_KEEP_ALIVE="0", OMP_NUM_THREADS=str(cfg.server_threads))
+                              DGL_KEEP_ALIVE="0", OMP_NUM_THREADS=str(cfg.server_threads), DGLKIT_PROCESS=f"server-{s}")
             if job["served_names"]:
                 server_env[nodedata.ENV] = json.dumps(job["served_names"])
             self.start(f"server-{s}", job["command"], server_env, self.node_dir / f"server-{s}.log")
@@ -554,6 +567,8 @@ class Launcher:
 
     def check_processes(self) -> bool:
         """A local process that failed: fail the job."""
+        if self.check_failure_records():
+            return True
         for name, proc in self.procs.items():
             code = proc.poll()
             if code not in (None, 0):
@@ -564,6 +579,26 @@ class Launcher:
                         return True
                 self.fail(name, code, f"exited with {describe_exit(code)}", log)
                 return True
+        return False
+
+    def check_failure_records(self) -> bool:
+        """A process of this node that left a failure record (an uncaught exception, jobsite/sitecustomize.py) fails
+        the attempt at once, naming it with its traceback, even when its parent would wait for it (a sampler)."""
+        found = [record for record in map(read_json, self.node_dir.glob("failure-*.json")) if record and "process" in record]
+        # A process that only lost a peer raises too, often first: the cause may be a process of this node that
+        # was killed (its exit shows within torchrun's monitor interval) or another node's, so a victim's record
+        # counts only once PEER_SETTLE seconds have passed without either.
+        for record in sorted(found, key=lambda record: (is_victim(record), record.get("time", 0))):
+            if is_victim(record):
+                self.victim_seen = self.victim_seen or time.monotonic()
+                if time.monotonic() - self.victim_seen < PEER_SETTLE:
+                    return False
+            name = record["process"]
+            rank = name.removeprefix("trainer-").removesuffix("-sampler")
+            log = self.logs.get(name, self.node_dir / f"trainer-{rank}.log")
+            self.fail(name, None, record.get("error", ""), log if log.exists() else self.logs.get("trainers", log),
+                      tail=record.get("traceback", [])[-12:], where=record.get("where"))
+            return True
         return False
 
     def peer_failed_first(self) -> bool:
@@ -641,13 +676,17 @@ class Launcher:
         failed = read_json(self.job["job_dir"] / "FAILED")
         return failed if failed is not None and failed.get("attempt", 1) == self.attempt else None
 
-    def fail(self, process: str, code: int | None, reason: str, log: Path, node: str | None = None) -> None:
-        """Record the failure and, if no other node was first, write the job's FAILED file."""
-        tail = log_tail(log)
+    def fail(self, process: str, code: int | None, reason: str, log: Path, node: str | None = None,
+             tail: list[str] | None = None, where: str | None = None) -> None:
+        """Record the failure in this node's failed.json and, if no other node was first, in the job's FAILED
+        file (which stops every node)."""
+        tail = log_tail(log) if tail is None else tail
         reason += newer_dgl_hint(tail)
         self.say(f"FAILED: {process}: {reason}; last lines of {log}:\n    " + "\n    ".join(tail))
         record = {"node": node or self.cfg.node_name, "process": process, "exit_code": code, "reason": reason,
-                  "log": str(log), "log_tail": tail, "time": time.time(), "attempt": self.attempt}
+                  "where": where, "log": str(log), "log_tail": tail, "time": time.time(), "attempt": self.attempt,
+                  "started": self.started, "progress": progress(self.job["job_dir"])}
+        write_json(self.node_dir / "failed.json", record)
         tmp = self.job["job_dir"] / f".FAILED.{self.cfg.node_name}.{os.getpid()}"
         tmp.write_text(json.dumps(record, indent=1) + "\n")
         try:

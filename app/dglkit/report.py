@@ -1,18 +1,23 @@
-"""`dglkit report`: summarise a job from the trainer's metrics.jsonl (and result.json when present).
+"""`dglkit report`: summarise a job that started, whatever its outcome: what ran, how it ended (the process that
+failed first, dglkit/blame.py), each attempt and why it ended, and the trainer's metrics.jsonl (and result.json)
+when there are any.
 
-Writes <job dir>/summary.json, summary.txt (one screen) and curves.png (loss, the task's metric and epoch
-time per epoch). The metric is accuracy (epoch events carry val_acc) or, for link prediction, MRR (val_mrr).
-Nothing is rewritten when the summary is unchanged.
+Writes <job dir>/summary.json, summary.txt (one screen) and, once an epoch is done, curves.png (loss, the task's
+metric and epoch time per epoch). The metric is accuracy (epoch events carry val_acc) or, for link prediction,
+MRR (val_mrr). Nothing is rewritten when the summary is unchanged.
 """
 
 import argparse
 import io
 import json
+import shlex
 import statistics
 from pathlib import Path
 from typing import Any
 
+from dglkit.blame import history
 from dglkit.common import UserError, emit_result, is_regular, read_json, read_text, replace_file, write_json
+from dglkit.watch import snapshot
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -22,13 +27,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     job_dir: Path = args.job_dir
     events = read_metrics(job_dir / "metrics.jsonl")
+    epochs = [event for event in events if event.get("event") == "epoch"]
+    if not epochs and not (job_dir / "nodes").is_dir():
+        raise UserError(f"{job_dir / 'metrics.jsonl'} has no epoch line and no node ran in {job_dir}: pass the "
+                        "directory of a job that started")
     summary = summarise(job_dir, events, read_json(job_dir / "result.json"))
     outputs = [job_dir / name for name in ("summary.json", "summary.txt", "curves.png")]
-    if read_json(outputs[0]) == summary and all(map(is_regular, outputs)):
+    if read_json(outputs[0]) == summary and all(map(is_regular, outputs[:3 if epochs else 2])):
         emit_result({"changed": False, "summary": str(outputs[1]), **headline(summary)})
         return 0
-    epochs = [event for event in events if event.get("event") == "epoch"]
-    plot(epochs, summary, outputs[2])
+    if epochs:
+        plot(epochs, summary, outputs[2])
     replace_file(outputs[1], text(summary).encode())
     write_json(outputs[0], summary)
     emit_result({"changed": True, "summary": str(outputs[1]), **headline(summary)})
@@ -36,10 +45,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """The events of metrics.jsonl; none when the program wrote none (yet)."""
     try:
         lines = read_text(path).splitlines()
     except FileNotFoundError:
-        raise UserError(f"{path} not found: pass the --job-dir whose trainer wrote metrics.jsonl") from None
+        return []
     except OSError as error:
         raise UserError(f"{path}: {error.strerror}: the job replaced it, nothing to summarise") from None
     events = []
@@ -49,28 +59,59 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
         except ValueError:
             if number < len(lines):  # a killed trainer may leave half a last line; anything else is corrupt
                 raise UserError(f"{path}:{number}: not a JSON line") from None
-    if not any(event.get("event") == "epoch" for event in events):
-        raise UserError(f"{path} has no epoch line yet: the job has not finished an epoch")
     return events
 
 
 def summarise(job_dir: Path, events: list[dict[str, Any]], result: dict[str, Any] | None) -> dict[str, Any]:
+    """What ran and how it ended, each attempt, and (once an epoch is done) the training figures."""
+    config = read_json(job_dir / "job.json") or {}
     start = next((event for event in events if event.get("event") == "start"), {})
     epochs = [event for event in events if event.get("event") == "epoch"]
+    part_config = start.get("part_config") or config.get("part_config")
+    partition = read_json(Path(part_config)) if part_config else None
+    machines = partition.get("num_parts") if partition else None
+    ending = outcome(job_dir, config)
+    summary = {
+        "job_dir": str(job_dir.resolve()), "dataset": describe_dataset(part_config),
+        "graph_name": partition.get("graph_name") if partition else None, "machines": machines,
+        "command": config.get("command") or (shlex.join(["dglkit", "train", *config["train_args"]])
+                                              if "train_args" in config else None),
+        "nodes": config.get("nodes", []), "state": ending.get("state"), "outcome": ending.get("message"),
+        "attempts_run": ending.get("attempts_run", ending.get("attempt")), "restarts": restarts(job_dir, events),
+        "epochs": len(epochs), "planned_epochs": start.get("num_epochs"), "progress": epochs[-1] if epochs else None,
+    }
+    summary["title"] = f"{summary['dataset'] or job_dir.name}: {machines or '?'} machines"
+    if epochs:
+        summary.update(training(start, epochs, events, result, machines))
+        summary["title"] += f" x {summary['trainers_per_machine'] or '?'} trainers"
+    return summary
+
+
+def outcome(job_dir: Path, config: dict[str, Any]) -> dict[str, Any]:
+    """How the job ended by its nodes' files (dglkit watch's verdict); {} when no node ran here."""
+    nodes = config.get("nodes") or sorted(path.name for path in (job_dir / "nodes").glob("*") if path.is_dir())
+    if not nodes:
+        return {}
+    state = snapshot(job_dir, nodes, config.get("stale_after", 120.0), final=False)
+    if state["state"] == "stopped":
+        state["message"] = "stopped on request"
+    elif state["state"] == "failed" and "message" not in state:
+        state["message"] = f"failed on {state['failed_node']}: {state['reason']}"
+    return state
+
+
+def training(start: dict[str, Any], epochs: list[dict[str, Any]], events: list[dict[str, Any]],
+             result: dict[str, Any] | None, machines: int | None) -> dict[str, Any]:
+    """The figures of the epochs done: metric, best epoch, test results, timings."""
     test = next((event for event in reversed(events) if event.get("event") == "test"), result or {})
     metric = task_metric(epochs)
-    partition = read_json(Path(start["part_config"])) if start.get("part_config") else None
-    machines = partition.get("num_parts") if partition else None
     trainers = start.get("num_trainers", epochs[-1].get("num_trainers"))
     best = max(epochs, key=lambda event: event[f"val_{metric}"])
     # The first epoch carries start-up costs (connections, caches); later ones show the steady state.
     steady = epochs[1:] or epochs
-    summary = {
-        "job_dir": str(job_dir.resolve()), "dataset": describe_dataset(start.get("part_config")),
-        "graph_name": partition.get("graph_name") if partition else None,
-        "machines": machines, "trainers": trainers,
-        "trainers_per_machine": trainers // machines if machines and trainers else None,
-        "graphbolt": start.get("graphbolt"), "epochs": len(epochs), "planned_epochs": start.get("num_epochs"),
+    return {
+        "trainers": trainers, "trainers_per_machine": trainers // machines if machines and trainers else None,
+        "graphbolt": start.get("graphbolt"),
         "task": start.get("task", "node_classification"), "metric": metric, "final_loss": epochs[-1]["loss"],
         f"final_val_{metric}": epochs[-1][f"val_{metric}"], f"best_val_{metric}": best[f"val_{metric}"],
         "best_epoch": best["epoch"], f"test_{metric}": test.get(f"test_{metric}"),
@@ -78,11 +119,8 @@ def summarise(job_dir: Path, events: list[dict[str, Any]], result: dict[str, Any
         "mean_epoch_time": statistics.fmean(event["epoch_time"] for event in steady),
         "first_epoch_time": epochs[0]["epoch_time"],
         "seeds_per_s": statistics.fmean(event["seeds_per_s"] for event in steady),
-        "complete": f"test_{metric}" in test, "result": result, "restarts": restarts(job_dir, events),
+        "complete": f"test_{metric}" in test, "result": result,
     }
-    summary["title"] = f"{summary['dataset'] or job_dir.name}: {machines or '?'} machines x " \
-                       f"{summary['trainers_per_machine'] or '?'} trainers"
-    return summary
 
 
 def task_metric(epochs: list[dict[str, Any]]) -> str:
@@ -91,18 +129,17 @@ def task_metric(epochs: list[dict[str, Any]]) -> str:
 
 
 def restarts(job_dir: Path, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each failed attempt that was restarted: what failed, the epoch it resumed at and the time lost (from the
-    checkpointed epoch to the resumed start: the work redone plus the downtime)."""
-    failures = {int(path.parent.name): read_json(path) or {} for path in job_dir.glob("attempts/*/FAILED")
-                if path.parent.name.isdigit()}
+    """Each failed attempt that was restarted: the process that failed first, the epoch it resumed at and the time
+    lost (from the checkpointed epoch to the resumed start: the work redone plus the downtime). A program that
+    writes no checkpoint (no "resume" record) started over."""
     resumes = [event for event in events if event.get("event") == "resume"]
     found = []
-    for attempt, resume in zip(sorted(failures), resumes):
-        failure = failures[attempt]
-        checkpointed = next((event for event in events if event.get("event") == "epoch"
+    for past in history(job_dir):
+        resume = resumes.pop(0) if resumes else None
+        checkpointed = next((event for event in events if resume and event.get("event") == "epoch"
                              and event["epoch"] == resume["epoch"] - 1 and "time" in event), None)
-        found.append({"attempt": attempt, "node": failure.get("node"), "process": failure.get("process"),
-                      "reason": failure.get("reason"), "resumed_at_epoch": resume["epoch"],
+        found.append({"attempt": past["attempt"], "node": past["node"], "process": past["process"],
+                      "reason": past["reason"], "resumed_at_epoch": resume["epoch"] if resume else None,
                       "time_lost": resume["time"] - checkpointed["time"] if checkpointed else None})
     return found
 
@@ -126,11 +163,30 @@ NAMES = {"acc": "accuracy", "mrr": "MRR"}
 
 
 def text(summary: dict[str, Any]) -> str:
+    lines = [summary["title"]]
+    if summary["state"]:
+        lines.append(f"outcome         {summary['outcome'] or summary['state']}")
+    if summary["command"]:
+        lines.append(f"ran             {summary['command']}" + (f" on {', '.join(summary['nodes'])}" if summary["nodes"] else ""))
+    if summary["epochs"]:
+        lines += training_lines(summary)
+    else:
+        lines.append("progress        no epoch finished")
+    lines.append(f"job             {summary['job_dir']}")
+    for restart in summary["restarts"]:
+        lost = "?" if restart["time_lost"] is None else f"{restart['time_lost']:.0f} s"
+        again = f"resumed at epoch {restart['resumed_at_epoch']}, {lost} lost" if restart["resumed_at_epoch"] is not None \
+            else "started over (no checkpoint)"
+        lines.append(f"restart         attempt {restart['attempt']} failed on {restart['node']} ({restart['process']}: "
+                     f"{restart['reason']}); {again}")
+    return "\n".join(lines) + "\n"
+
+
+def training_lines(summary: dict[str, Any]) -> list[str]:
     m = summary["metric"]
     # Accuracy reads as a percentage, MRR as the fraction it is.
     show = percent if m == "acc" else (lambda value: "-" if value is None else f"{value:.4f}")
-    lines = [
-        summary["title"],
+    return [
         f"task            {summary['task']}",
         f"epochs          {summary['epochs']} of {summary['planned_epochs'] or '?'}"
         f"{'' if summary['complete'] else '  (no test result: job incomplete)'}",
@@ -142,18 +198,14 @@ def text(summary: dict[str, Any]) -> str:
         f"epoch time      {summary['mean_epoch_time']:.2f} s mean after the first ({summary['first_epoch_time']:.2f} s)",
         f"throughput      {summary['seeds_per_s']:,.0f} seeds/s",
         f"graphbolt       {'yes' if summary['graphbolt'] else 'no'}",
-        f"job             {summary['job_dir']}",
     ]
-    for restart in summary["restarts"]:
-        lost = "?" if restart["time_lost"] is None else f"{restart['time_lost']:.0f} s"
-        lines.append(f"restart         attempt {restart['attempt']} failed on {restart['node']} ({restart['process']}: "
-                     f"{restart['reason']}); resumed at epoch {restart['resumed_at_epoch']}, {lost} lost")
-    return "\n".join(lines) + "\n"
 
 
 def headline(summary: dict[str, Any]) -> dict[str, Any]:
+    if not summary["epochs"]:
+        return {"epochs": 0, "state": summary["state"]}
     m = summary["metric"]
-    keys = ("epochs", f"final_val_{m}", f"best_val_{m}", f"test_{m}", f"best_test_{m}", "mean_epoch_time")
+    keys = ("epochs", "state", f"final_val_{m}", f"best_val_{m}", f"test_{m}", f"best_test_{m}", "mean_epoch_time")
     return {key: summary[key] for key in keys}
 
 

@@ -14,6 +14,7 @@ import json
 import time
 from pathlib import Path
 
+from dglkit.blame import cause_of, history, repeats, same_error
 from dglkit.common import UserError, emit_result, read_json, read_text, shared_fs_now
 
 POLL = 1.0
@@ -79,15 +80,14 @@ def snapshot(job_dir: Path, nodes: list[str], stale_after: float, final: bool) -
     if final and silent and (max_restarts == 0 or len(silent) == len(states)):
         bad += silent
     # A stop during a restart ends the job: the launchers waiting to restart see STOP and stop too.
-    restarts_left = failed is not None and failed.get("attempt", 1) <= max_restarts
+    restarts_left = failed is not None and failed.get("attempt", 1) <= max_restarts and not repeats(job_dir, failed)
     if failed is not None and not restarts_left:
-        result.update(state="failed", failed_node=failed.get("node"),
-                      reason=f"{failed.get('process')}: {failed.get('reason')}")
+        result.update(state="failed", **verdict(job_dir, failed, max_restarts))
     elif (job_dir / "STOP").exists():
         result.update(state="stopped", reason="stopped on request (playbooks/stop.yml)")
     elif restarts_left:
-        result.update(state="restarting", failed_node=failed.get("node"),
-                      reason=f"{failed.get('process')}: {failed.get('reason')}")
+        cause = cause_of(job_dir, failed.get("attempt", 1))
+        result.update(state="restarting", failed_node=cause["node"], reason=f"{cause['process']}: {cause['reason']}")
     elif any(s["state"] == "restarting" for s in states.values()):
         result["state"] = "restarting"
     elif bad:
@@ -96,6 +96,41 @@ def snapshot(job_dir: Path, nodes: list[str], stale_after: float, final: bool) -
         result["state"] = "succeeded"
     result["line"] = progress_line(result, config)
     return result
+
+
+def verdict(job_dir: Path, failed: dict, max_restarts: int) -> dict:
+    """Why the job failed: the process that failed first with its traceback (dglkit/blame.py), what stopped
+    because of it, the attempts that really ran, whether they all failed alike, and whether it can resume."""
+    attempt, started = failed.get("attempt", 1), failed.get("started", True)
+    cause = cause_of(job_dir, attempt)
+    ran = attempt if started else attempt - 1
+    causes = [past for past in history(job_dir) if past["started"]] + ([cause] if started else [])
+    same = same_error(causes)
+    checkpoint = (job_dir / "checkpoint.pt").exists()
+    message = f"failed on {cause['node']}: {cause['process']}: {cause['reason']}"
+    if cause["where"]:
+        message += f" (at {cause['where']})"
+    if cause["consequences"]:
+        message += "; stopped because of it: " + ", ".join(
+            f"{c['node']} {c['process']} ({shorten(c['reason'], 120)})" for c in cause["consequences"])
+    if same:
+        message += f"; failed {ran} times with the same error"
+        if attempt <= max_restarts:
+            message += ", making no progress in between: not restarting again"
+    elif max_restarts:
+        message += f"; {ran} attempt{'' if ran == 1 else 's'} ran (at most {max_restarts + 1})"
+    if not started:
+        message += f"; attempt {attempt} did not start"
+    message += ("; -e dgl_job_resume=true continues from the last checkpoint" if checkpoint else
+                "; the job wrote no checkpoint.pt, so a new run starts over")
+    return {"failed_node": cause["node"], "reason": f"{cause['process']}: {cause['reason']}",
+            "process": cause["process"], "log": cause["tail_from"], "log_tail": cause["log_tail"],
+            "consequences": cause["consequences"], "attempts_run": ran, "same_error": same,
+            "checkpoint": checkpoint, "message": message}
+
+
+def shorten(text: str, width: int) -> str:
+    return text if len(text) <= width else text[:width - 1] + "…"
 
 
 # The figures of an epoch event that the progress line shows, where the task reports them.
@@ -114,7 +149,9 @@ def progress_line(result: dict, config: dict) -> str:
         # A user program's epoch events need not carry the kit trainer's timings.
         if "epoch_time" in progress and "seeds_per_s" in progress:
             line += f", {progress['epoch_time']:.1f} s, {progress['seeds_per_s']:.0f} seeds/s"
-    if result["attempt"] > 1 or result["state"] == "restarting":
+    if "attempts_run" in result and result["max_restarts"]:
+        line += f"; {result['attempts_run']} of at most {result['max_restarts'] + 1} attempts ran"
+    elif result["attempt"] > 1 or result["state"] == "restarting":
         line += f"; attempt {result['attempt']} of at most {result['max_restarts'] + 1}"
     if result["reason"] and result["state"] != "succeeded":
         line += f"; {result['failed_node'] or 'job'}: {result['reason']}"

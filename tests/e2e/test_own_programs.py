@@ -136,17 +136,25 @@ def test_a_crashing_program_stops_every_node_with_its_traceback(site: Cluster, r
                       "dgl_job_poll_seconds=5", "-e", "dgl_job_max_restarts=0", check=False)
     output = flat(run.output)
     assert run.returncode != 0
-    # Rank 1 (node3) raises; rank 0 (node2) then fails in its all-reduce: whichever launcher notices first
-    # names its node, and the end of that trainer's output follows.
-    found = re.search(r"job (\S+) failed on (node[23]): trainer-[01]: exited with exit code 1 .* end of "
-                      r"torchrun.log: .*RuntimeError: ", output)
+    # Rank 1 (node3, the second node) raises; rank 0 (node2) then fails in its all-reduce, and its launcher
+    # often notices first. The report names the trainer that raised, with its own traceback, and node2's
+    # trainer as stopped because of it.
+    found = re.search(r"job (\S+) failed on node3: trainer-1: RuntimeError: injected crash on rank 1 in epoch 1 "
+                      r"\(at \S+/train_dist\.py:\d+ in main\); stopped because of it: node2 trainer-0 \(", output)
     assert found, run.output[-4000:]
+    assert re.search(r"end of the traceback of trainer-1: Traceback .* raise RuntimeError\(f\"injected crash", output), \
+        run.output[-4000:]
+    assert "the job wrote no checkpoint.pt, so a new run starts over" in output and "dgl_job_resume" not in output
     job_dir = site.workspace / "jobs" / found.group(1)
     assert "RuntimeError: injected crash on rank 1 in epoch 1" in (job_dir / "nodes/node3/torchrun.log").read_text()
     failed = json.loads((job_dir / "FAILED").read_text())
     other = {"node2": "node3", "node3": "node2"}[failed["node"]]
     stopped = json.loads((job_dir / "nodes" / other / "status.json").read_text())
     assert stopped["state"] == "failed" and stopped["updated"] - failed["time"] < 15, stopped
+    # A failed job has its summary too, shown before the failure and in the run folder.
+    summary = (runs / found.group(1) / "summary.txt").read_text()
+    assert "outcome         failed on node3: trainer-1: RuntimeError: injected crash on rank 1" in summary, summary
+    assert "outcome failed on node3: trainer-1" in output
     assert_no_program_left(site)
 
 

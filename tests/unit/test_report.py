@@ -55,8 +55,8 @@ def test_report_of_an_unfinished_job(cli, partition_1, tmp_path):
 
 
 @pytest.mark.parametrize("content, message", [
-    (None, "metrics.jsonl not found"),
-    ('{"event": "start"}\n', "has no epoch line yet"),
+    (None, "has no epoch line and no node ran in"),
+    ('{"event": "start"}\n', "has no epoch line and no node ran in"),
     ('{"event": "start"}\nnot json\n' + json.dumps(EPOCHS[0]) + "\n", "metrics.jsonl:2: not a JSON line"),
 ])
 def test_report_bad_metrics(cli, tmp_path, content, message):

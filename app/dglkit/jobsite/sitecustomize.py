@@ -1,7 +1,13 @@
 """Imported first by every Python process of a job: the launcher puts this directory at the front of
 PYTHONPATH. An uncaught exception ends the process at once, with its traceback. Without this, DGL's exit
 handler waits for the other trainers, which wait in an all-reduce for this one: the process never exits,
-torchrun never reports it, and the job hangs instead of failing.
+torchrun never reports it, and the job hangs instead of failing. A sampler (a multiprocessing child of a
+trainer) whose work raises ends the same way; its trainer would otherwise wait half an hour for its batch.
+
+Before it exits, a server, trainer or sampler leaves `failure-<pid>.json` in $DGLKIT_FAILURE_DIR (its node's
+directory of the job): its name, the error, the line that raised it and the traceback. The file's time is the
+shared filesystem's: `dglkit watch` orders the failures of all nodes by it to name the one that came first
+(dglkit/blame.py), and the launcher stops the job as soon as it appears.
 
 A DGL server of a job with `node_data_names` ($DGLKIT_NODE_DATA_NAMES: {stored key: served key}) serves its
 partition's node data under the names the program reads: the keys are renamed as DGL loads the part's
@@ -10,15 +16,47 @@ node_feat.dgl, so no data is copied (dglkit.nodedata).
 (It takes the place of Debian's sitecustomize, which only installs apport's crash hook.)
 """
 import json
+import multiprocessing.process
 import os
 import sys
+import time
 import traceback
+
+
+def process_name() -> str | None:
+    """server-<i> (the launcher says so), trainer-<rank>, or trainer-<rank>-sampler in a trainer's child;
+    None for torchrun itself (its trainers' failures are theirs)."""
+    name = os.environ.get("DGLKIT_PROCESS") or (f"trainer-{os.environ['RANK']}" if "RANK" in os.environ else None)
+    if name and multiprocessing.process.parent_process() is not None:
+        return f"{name}-sampler"
+    return name
+
+
+def record_failure(kind, value, tb) -> None:
+    directory, name = os.environ.get("DGLKIT_FAILURE_DIR"), process_name()
+    if not directory or not name:
+        return
+    frames = traceback.extract_tb(tb)
+    where = f"{frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name}" if frames else None
+    error = " ".join(line.strip() for line in traceback.format_exception_only(kind, value))[:500]
+    record = {"node": os.environ.get("DGLKIT_NODE"), "process": name, "pid": os.getpid(),
+              "attempt": int(os.environ.get("DGLKIT_ATTEMPT", "1")), "error": error,
+              "where": where, "traceback": "".join(traceback.format_exception(kind, value, tb)).splitlines(),
+              "time": time.time()}
+    path = os.path.join(directory, f"failure-{os.getpid()}.json")
+    try:
+        with open(path + ".tmp", "w") as out:
+            json.dump(record, out, indent=1)
+        os.replace(path + ".tmp", path)
+    except OSError:
+        pass  # the traceback is in the log all the same
 
 
 def exit_on_uncaught_exception(kind, value, tb) -> None:
     traceback.print_exception(kind, value, tb)
     sys.stdout.flush()
     sys.stderr.flush()
+    record_failure(kind, value, tb)
     os._exit(1)
 
 
@@ -36,7 +74,17 @@ def serve_node_data_as(served: dict[str, str]) -> None:
     dist_graph.load_partition_feats = load_renamed
 
 
+def run_or_exit(self) -> None:
+    """multiprocessing's Process.run, ending the process as an uncaught exception does in the main process."""
+    try:
+        original_run(self)
+    except Exception:
+        exit_on_uncaught_exception(*sys.exc_info())
+
+
 sys.excepthook = exit_on_uncaught_exception
+original_run = multiprocessing.process.BaseProcess.run
+multiprocessing.process.BaseProcess.run = run_or_exit
 if os.environ.get("DGL_ROLE") == "server" and os.environ.get("DGLKIT_NODE_DATA_NAMES"):
     try:
         serve_node_data_as(json.loads(os.environ["DGLKIT_NODE_DATA_NAMES"]))
