@@ -173,7 +173,10 @@ def test_every_host_has_its_own_venv_and_the_job_ran_with_it(site: Cluster, runs
         site.ssh(host, f"test -x {VENV}/bin/python && grep -qx {WORKSPACE}/app {VENV}/lib/python3*/site-packages/"
                        "dglkit-app.pth")
     for host in workers(site):
-        assert f"ExecStart={VENV}/bin/python -m dglkit launch" in site.ssh(host, "systemctl cat dglkit-job").stdout
+        exec_start = next(line for line in site.ssh(host, "systemctl cat dglkit-job").stdout.splitlines()
+                          if line.startswith("ExecStart="))
+        # The unit's shell opens unit.log as the job account, then execs the launcher of the node's own venv.
+        assert f"' {VENV}/bin/python -m dglkit launch " in exec_start, exec_start
 
 
 def test_files_dataset_trains_and_force_runs_a_finished_job_again(site: Cluster, runs: Path) -> None:

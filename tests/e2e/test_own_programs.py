@@ -91,8 +91,9 @@ def test_a_program_without_requirements_runs_with_the_node_venv(site: Cluster, r
     # requirements.txt is optional: one launch.py-style script is a whole program.
     bare = PROGRAM.parent / "feature_sum"
     assert [p.name for p in bare.iterdir() if p.name != "__pycache__"] == ["feature_sum.py"]
+    # It reads the kit's own name, `feat`, as DGL's tutorial does: no node data names.
     run = run_program(site, runs, bare, "python3 feature_sum.py --graph_name {graph_name} --ip_config {ip_config} "
-                      "--part_config {part_config} --output_dir {output_dir}")
+                      "--part_config {part_config} --output_dir {output_dir}", names={})
     folder = run_folder(run.output)
     assert folder.name.startswith("feature_sum-synthetic-2w-") and "[node2 succeeded, node3 succeeded]" in flat(run.output)
     assert json.loads((folder / "result.json").read_text())["num_nodes"] == 20000

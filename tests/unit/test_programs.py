@@ -247,6 +247,8 @@ def test_a_program_that_needs_a_newer_dgl_fails_saying_which_dgl_runs_and_how_to
     assert launch_proc.wait(timeout=240) == 1, (job_dir / "launch.out").read_text()[-3000:]
     failed = json.loads((job_dir / "FAILED").read_text())
     assert failed["process"] == "trainer-0", failed
-    assert failed["reason"].startswith("exited with exit code 1; the program needs dgl.distributed.DistNodeDataLoader, "
-                                       "which the cluster's DGL 2.1.0 does not have"), failed["reason"]
+    # The process's own error (its failure record), then what the kit knows about it.
+    assert failed["reason"].startswith("AttributeError: module 'dgl.distributed' has no attribute 'DistNodeDataLoader'; "
+                                       "the program needs dgl.distributed.DistNodeDataLoader, which the cluster's DGL "
+                                       "2.1.0 does not have"), failed["reason"]
     assert "set dglkit_dgl_spec: dgl-repo for a newer DGL from DGL's wheel repo" in failed["reason"]
