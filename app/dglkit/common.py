@@ -10,7 +10,10 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 class UserError(Exception):
@@ -95,6 +98,18 @@ def replace_file(path: Path, data: bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def read_csv(path: Path) -> "np.ndarray":
+    """Integer columns of a CSV file, with or without a header line."""
+    import pandas as pd
+
+    frame = pd.read_csv(path, header=None)
+    if not all(pd.api.types.is_integer_dtype(t) for t in frame.dtypes):
+        frame = pd.read_csv(path)  # the first line was a header
+    if not all(pd.api.types.is_integer_dtype(t) for t in frame.dtypes):
+        raise UserError(f"{path}: every column must hold integers (an optional header line aside)")
+    return frame.to_numpy().squeeze(axis=1) if frame.shape[1] == 1 else frame.to_numpy()
 
 
 def write_json(path: Path, value: dict[str, Any]) -> None:

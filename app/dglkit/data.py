@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from dglkit import hetero
-from dglkit.common import UserError, digest, emit_result, peak_rss_mb, read_json, write_json
+from dglkit.common import UserError, digest, emit_result, peak_rss_mb, read_csv, read_json, write_json
 from dglkit.resources import MEMORY_HELP, check_fits, memory_estimate
 
 # Bump when the same inputs would give a different graph, so that old outputs are rebuilt.
@@ -342,18 +342,6 @@ def load_files(path: Path) -> dict[str, np.ndarray]:
         elif name in ("edges", "labels") and (path / f"{name}.csv").is_file():
             arrays[name] = read_csv(path / f"{name}.csv")
     return arrays
-
-
-def read_csv(path: Path) -> np.ndarray:
-    """Integer columns of a CSV file, with or without a header line."""
-    import pandas as pd
-
-    frame = pd.read_csv(path, header=None)
-    if not all(pd.api.types.is_integer_dtype(t) for t in frame.dtypes):
-        frame = pd.read_csv(path)  # the first line was a header
-    if not all(pd.api.types.is_integer_dtype(t) for t in frame.dtypes):
-        raise UserError(f"{path}: every column must hold integers (an optional header line aside)")
-    return frame.to_numpy().squeeze(axis=1) if frame.shape[1] == 1 else frame.to_numpy()
 
 
 def check_arrays(arrays: dict[str, np.ndarray], where: str) -> dict[str, np.ndarray]:

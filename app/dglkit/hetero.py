@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from dglkit.common import UserError
+from dglkit.common import UserError, read_csv
 
 MASKS = ("train_mask", "val_mask", "test_mask")
 
@@ -84,8 +84,6 @@ def synthetic_hetero(rng: np.random.Generator, num_nodes: int, num_classes: int,
 
 def load_files(path: Path) -> dict[str, Any]:
     """The user's heterogeneous graph (layout in the module docstring), checked."""
-    from dglkit.data import read_csv
-
     try:
         num_nodes = json.loads((path / "num_nodes.json").read_text())
         num_nodes = {str(ntype): int(count) for ntype, count in num_nodes.items()}
