@@ -33,8 +33,7 @@ import psutil
 
 from dglkit import nodedata
 from dglkit.blame import is_victim, progress, repeats
-from dglkit.common import (UserError, check_machine_count, emit_result, read_json, read_partition_config,
-                           shared_fs_now, write_json)
+from dglkit.common import UserError, check_machine_count, emit_result, read_json, read_partition_config, shared_fs_now, write_json
 
 # Settings and their defaults; job.json uses the same keys, flags override it.
 DEFAULTS = {

@@ -9,8 +9,9 @@ import argparse
 import copy
 import json
 import time
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable, Protocol, TextIO
+from typing import Any, Protocol, TextIO
 
 import numpy as np
 import torch

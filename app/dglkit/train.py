@@ -21,7 +21,6 @@ import torch
 from dglkit import linkpred, loop, rgcn, sage
 from dglkit.common import UserError, check_machine_count, read_partition_config
 
-
 # (task, heterogeneous graph?) -> the module that trains it: its check(args, config) runs before DGL starts,
 # its Task is what dglkit.loop trains.
 TASK_MODULES = {

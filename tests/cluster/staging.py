@@ -15,9 +15,9 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 CACHE = Path("/var/cache/dglkit")
 REPO_ROOT = Path(__file__).resolve().parents[2]

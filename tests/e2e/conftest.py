@@ -14,10 +14,10 @@ import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
 
 import pytest
 import yaml
@@ -27,6 +27,7 @@ from jobhelpers import CLEAN, LEFTOVERS, with_names
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "cluster"))
 import staging  # noqa: E402  (tests/cluster is no package)
+
 TESTCLUSTER = REPO / "tests" / "cluster" / "testcluster.py"
 STATE = Path("/var/lib/dglkit-testcluster")
 KEEP = os.environ.get("DGLKIT_KEEP_CLUSTERS") == "1"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import re
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name

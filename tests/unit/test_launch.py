@@ -13,9 +13,9 @@ import psutil
 import pytest
 import torch
 
-from localjob import ENDLESS_TRAIN_ARGS, TRAIN_ARGS, assert_job_gone, free_ports, start_launch, start_local_job
 from dglkit.loop import to_original_order
 from dglkit.sage import DistSAGE
+from localjob import ENDLESS_TRAIN_ARGS, TRAIN_ARGS, assert_job_gone, free_ports, start_launch, start_local_job
 
 NUM_CLASSES = 5
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from localjob import assert_job_gone, epochs_done, kill_trainer_after, start_local_job
 from dglkit.common import read_json
 from dglkit.launch import HeartbeatWatch
+from localjob import assert_job_gone, epochs_done, kill_trainer_after, start_local_job
 
 
 def start_restartable_job(job_dir: Path, part_config: Path, epochs: int):

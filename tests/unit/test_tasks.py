@@ -9,8 +9,7 @@ import dgl
 import numpy as np
 import pytest
 
-from localjob import build
-from localjob import kill_trainer_after, start_local_job
+from localjob import build, kill_trainer_after, start_local_job
 
 HETERO = ["--num-nodes", "3000", "--num-classes", "5", "--feat-dim", "16", "--train-frac", "0.3",
           "--val-frac", "0.2", "--test-frac", "0.3", "--seed", "3"]

@@ -8,6 +8,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import vmlab  # noqa: E402
+
+# isort: split
 import staging  # noqa: E402  (on the path since vmlab: tests/cluster is no package)
 
 HOSTS = ["node1", "node2"]  # node1 is the storage host
