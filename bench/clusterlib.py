@@ -1,5 +1,6 @@
 """Jobs on an nspawn test cluster for the bench scripts: stand the cluster up, partition on it, start a job
-with the kit's launcher or with DGL's plain launch.py contract (docs/design.md, the node CLI's `launch`), and watch or stop its processes.
+with the kit's launcher or with DGL's plain launch.py contract (docs/design.md, the node CLI's `launch`),
+and watch or stop its processes.
 
 Processes are observed from this machine: a host's processes sit in the cgroup /dglkit-<cluster>-<host>/
 (testcluster.py), so polling them costs no SSH round trip and sees every node at the same instant.

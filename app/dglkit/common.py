@@ -125,7 +125,7 @@ def read_partition_config(path: Path) -> dict[str, Any]:
         config["num_parts"] = int(config["num_parts"])
         config["graph_name"]
     except (ValueError, KeyError, TypeError) as error:
-        raise UserError(f"{path} is not a DGL partition config ({error!r}): re-run `dglkit partition`")
+        raise UserError(f"{path} is not a DGL partition config ({error!r}): re-run `dglkit partition`") from None
     return config
 
 

@@ -88,7 +88,7 @@ def load_files(path: Path) -> dict[str, Any]:
         num_nodes = json.loads((path / "num_nodes.json").read_text())
         num_nodes = {str(ntype): int(count) for ntype, count in num_nodes.items()}
     except (ValueError, TypeError, AttributeError) as error:
-        raise UserError(f"{path}/num_nodes.json must map node types to counts, like {{\"paper\": 1000}} ({error})")
+        raise UserError(f"{path}/num_nodes.json must map node types to counts, like {{\"paper\": 1000}} ({error})") from None
     if not num_nodes or min(num_nodes.values()) < 1:
         raise UserError(f"{path}/num_nodes.json: give at least one node type, each with at least 1 node")
 

@@ -145,7 +145,7 @@ def settings(args: argparse.Namespace) -> argparse.Namespace:
         try:
             config = json.loads(Path(args.config).read_text())
         except (OSError, ValueError) as error:
-            raise UserError(f"cannot read --config {args.config}: {error}")
+            raise UserError(f"cannot read --config {args.config}: {error}") from None
         unknown = sorted(set(config) - set(DEFAULTS))
         if unknown:
             raise UserError(f"{args.config}: unknown keys {unknown}; valid keys are {sorted(DEFAULTS)}")
@@ -170,7 +170,7 @@ def read_ip_config(path: Path) -> list[tuple[str, int]]:
             socket.inet_aton(fields[0])
             machines.append((fields[0], int(fields[1]) if len(fields) > 1 else DEFAULTS["server_port"]))
         except (OSError, ValueError):
-            raise UserError(f"{path} line {number}: expected '<IPv4 address> <port>', got {line!r}")
+            raise UserError(f"{path} line {number}: expected '<IPv4 address> <port>', got {line!r}") from None
     if not machines:
         raise UserError(f"{path} is empty: it needs one '<address> <port>' line per machine")
     return machines
@@ -190,7 +190,7 @@ def check_port_free(address: str, port: int, purpose: str) -> None:
             probe.bind((address, port))
         except OSError as error:
             raise UserError(f"port {port} on {address} ({purpose}) is not free: {error.strerror}; stop what "
-                            "holds it or choose another port")
+                            "holds it or choose another port") from None
 
 
 def preflight(cfg: argparse.Namespace) -> dict:
@@ -321,7 +321,7 @@ def check_executables(command: str, cwd: Path, path: str, node: str) -> None:
     try:
         words = [word for word in shlex.split(command) if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", word)]
     except ValueError as error:
-        raise UserError(f"the command {command!r} is not a valid shell command line: {error}")
+        raise UserError(f"the command {command!r} is not a valid shell command line: {error}") from None
     python = python_word(command).group(1)
     for program in {words[0], python} - SHELL_BUILTINS:
         if not (shutil.which(program, path=path) if "/" not in program else os.access(cwd / program, os.X_OK)):

@@ -31,7 +31,8 @@ for table in ('/proc/net/tcp', '/proc/net/tcp6'):
         if fields[3] == '0A':
             ports.add(int(fields[1].rsplit(':', 1)[1], 16))
 unit = subprocess.run(['systemctl', 'is-active', 'dglkit-job'], capture_output=True, text=True).stdout.strip()
-dgl = [port for port in ports if port == 29500 or 30000 <= port < 32000]  # rendezvous, DGL servers (any dglkit_server_port a test sets)
+# The rendezvous and DGL's servers (any dglkit_server_port a test sets).
+dgl = [port for port in ports if port == 29500 or 30000 <= port < 32000]
 print(json.dumps({'procs': procs, 'ports': sorted(dgl), 'shm': os.listdir('/dev/shm'), 'unit': unit}))
 """
 CLEAN = {"procs": [], "ports": [], "shm": [], "unit": "inactive"}

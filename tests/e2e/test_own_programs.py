@@ -1,6 +1,7 @@
 """playbooks/train.yml running the user's own program instead of the kit's trainer, on the training cluster
-(node1 storage, node2 and node3 workers; conftest.train_cluster): tests/programs/train_dist, written for DGL's tools/launch.py, with an
-extra requirement that only the wheelhouse has; tests/programs/feature_sum, with none. The same program again is not copied again; a changed one runs
+(node1 storage, node2 and node3 workers; conftest.train_cluster): tests/programs/train_dist, written for DGL's
+tools/launch.py, with an extra requirement that only the wheelhouse has; tests/programs/feature_sum, with none.
+The same program again is not copied again; a changed one runs
 as a new version; a program silent for longer than the stall timeout completes; a crashing one stops every
 node; bad input fails before anything starts. The programs read DGL's example names (`features`), given by
 dgl_job_node_data_names; an unsupervised GraphSAGE alone in its directory and an RGCN write outputs to

@@ -238,7 +238,8 @@ def test_the_job_account_sshes_node_to_node_with_strict_host_key_checking(cluste
     keys = {host: cluster.ssh(host, f"ssh-keygen -l -f ~{USER}/{MESH_KEY}").stdout.split()[1] for host in cluster.hosts()}
     assert len(set(keys.values())) == len(keys), keys
     addresses = ",".join(sorted(cluster.hosts().values()))
-    authorized = cluster.ssh("node2", f"stat -c %a ~{USER}/.ssh/authorized_keys; grep -v '^#' ~{USER}/.ssh/authorized_keys").stdout
+    authorized = cluster.ssh("node2", f"stat -c %a ~{USER}/.ssh/authorized_keys; "
+                                      f"grep -v '^#' ~{USER}/.ssh/authorized_keys").stdout
     mode, *lines = authorized.splitlines()
     assert mode == "600" and len(lines) == 3, authorized
     assert all(line.startswith(f'restrict,from="{addresses}" ssh-ed25519 ') for line in lines), lines

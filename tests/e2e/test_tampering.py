@@ -73,7 +73,8 @@ def root_only(site: Cluster) -> list[str]:
 
 def root_files_since(site: Cluster, host: str) -> list[str]:
     """Root-owned files created or changed in /root since the test began (its stamp), but for Ansible's
-    temporary files and root's authorized_keys (which the test harness writes at each boot); with the link targets' names (/root/pwned-*) anywhere and /etc/shadow's lines compared
+    temporary files and root's authorized_keys (which the test harness writes at each boot);
+    with the link targets' names (/root/pwned-*) anywhere and /etc/shadow's lines compared
     separately: what a root that followed the job's links would have left."""
     listing = site.ssh(host, "find /root -xdev -user root -newer /root/.tampering-stamp -not -type d "
                              "-not -path '/root/.ansible/*' -not -path /root/.ssh/authorized_keys").stdout

@@ -286,7 +286,8 @@ def probe(run: Callable[[str], subprocess.CompletedProcess], targets: list[str])
     return json.loads(proc.stdout)
 
 
-def test_an_outsider_reaches_no_port_of_a_running_job_and_stop_during_a_restart_stops_everything(site: Cluster, runs: Path) -> None:
+def test_an_outsider_reaches_no_port_of_a_running_job_and_stop_during_a_restart_stops_everything(site: Cluster,
+                                                                                                  runs: Path) -> None:
     # With limits, which the test hosts accept but do not enforce (no delegated memory controller).
     proc = start_train(site, runs, *ENDLESS, "-e", "dgl_job_id=e2e-stop", "-e", "dgl_job_memory_max=6G",
                        "-e", "dgl_job_cpu_quota=150%")
@@ -310,7 +311,8 @@ def test_an_outsider_reaches_no_port_of_a_running_job_and_stop_during_a_restart_
                    "touch {1}/x").format(ACCOUNT_UID, "/srv/dglkit/datasets")
         denied = site.ssh(host, attempt, check=False)
         assert denied.returncode != 0 and "Read-only file system" in denied.stderr, (host, denied.stderr)
-        site.ssh(host, attempt.replace("/srv/dglkit/datasets", "/srv/dglkit/jobs/e2e-stop") + " && rm /srv/dglkit/jobs/e2e-stop/x")
+        site.ssh(host, attempt.replace("/srv/dglkit/datasets", "/srv/dglkit/jobs/e2e-stop")
+                 + " && rm /srv/dglkit/jobs/e2e-stop/x")
     status_run = site.playbook("playbooks/status.yml")
     assert flat(status_run.output).count("dglkit job e2e-stop: active") == 2, status_run.output[-3000:]
     status = wait_for_epoch(site, "e2e-stop", "node3")

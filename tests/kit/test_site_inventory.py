@@ -2,7 +2,8 @@
 
 Real ansible-playbook runs of site.yml against inventories whose hosts are local connections with loopback
 addresses, in a network namespace of their own whose loopback has those addresses (the platform check compares
-every cluster address with the host's interfaces) and with an /etc/hosts of their own (a name for an address). `--tags validate` runs only the checks; `--tags ip_config` also renders ip_config.txt into a
+every cluster address with the host's interfaces) and with an /etc/hosts of their own (a name for an address).
+`--tags validate` runs only the checks; `--tags ip_config` also renders ip_config.txt into a
 temporary workspace; `--tags exports --check --diff` shows the NFS exports the storage host would get.
 The runs are independent, so one fixture starts them all at once and the tests read their results.
 """
@@ -427,7 +428,8 @@ def test_firewall_rules_let_only_cluster_addresses_reach_the_kits_ports(runs: di
     assert "elements = { 10.77.250.11, 10.77.250.12, 10.77.250.13 }" in run.diffs[0]
     node, peer = netns_pair
     # Loaded twice: the second load must replace the table, not fail or add to it.
-    proc = subprocess.run(["ip", "netns", "exec", node, "sh", "-ec", f"nft -f {rules}; nft -f {rules}; nft list table inet dglkit"],
+    proc = subprocess.run(["ip", "netns", "exec", node, "sh", "-ec",
+                           f"nft -f {rules}; nft -f {rules}; nft list table inet dglkit"],
                           capture_output=True, text=True, timeout=30)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count("tcp dport { 111, 2049, 29500, 30050, 32768-60999 }") == 2, proc.stdout

@@ -169,7 +169,8 @@ def test_held_out_edges_leave_the_graph_and_reverses_sit_half_way(link_dataset):
     for name in ("val", "test"):
         pairs = split[f"{name}_src"] * n + split[f"{name}_dst"]
         assert len(pairs) == meta["held_out_edges"][name] > 0
-        assert not in_graph & set(pairs.tolist()) and not in_graph & set((split[f"{name}_dst"] * n + split[f"{name}_src"]).tolist())
+        reversed_pairs = split[f"{name}_dst"] * n + split[f"{name}_src"]
+        assert not in_graph & set(pairs.tolist()) and not in_graph & set(reversed_pairs.tolist())
 
 
 @pytest.fixture(scope="module")

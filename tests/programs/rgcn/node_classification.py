@@ -1,7 +1,8 @@
 """Distributed RGCN entity classification written the way DGL's distributed rgcn example of the 2.1 era is:
 started by DGL's tools/launch.py once per server and, through torchrun, once per trainer. It classifies the
 `paper` nodes of a heterogeneous graph, projects the `features` of the node types that have them, learns a
-DistEmbedding (sparse Adam on the servers) for the others (at least one type needs `features`), and rank 0 saves `model.pt` and `result.json` to
+DistEmbedding (sparse Adam on the servers) for the others (at least one type needs `features`),
+and rank 0 saves `model.pt` and `result.json` to
 paths relative to where it runs. It reads `features` and `labels`/the masks on `paper` only.
 """
 import argparse
