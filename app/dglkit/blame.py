@@ -114,8 +114,8 @@ def repeats(job_dir: Path, failed: dict[str, Any]) -> bool:
     in between: restarting again cannot help. Every launcher decides from the same two FAILED files."""
     attempt = failed.get("attempt", 1)
     previous = read_json(job_dir / "attempts" / str(attempt - 1) / "FAILED") if attempt > 1 else None
-    return bool(previous) and failed.get("started", True) and signature(previous) == signature(failed) \
-        and previous.get("progress") == failed.get("progress") and "progress" in failed
+    return bool(previous and failed.get("started", True) and signature(previous) == signature(failed)
+                and previous.get("progress") == failed.get("progress") and "progress" in failed)
 
 
 def history(job_dir: Path) -> list[dict[str, Any]]:

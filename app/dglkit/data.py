@@ -100,7 +100,8 @@ def run(args: argparse.Namespace) -> int:
                    "group), or prepare the dataset elsewhere and give it as --dataset files")
     start = time.perf_counter()
     if source == "synthetic":
-        arrays = synthetic(np.random.default_rng(args.seed), **params["graph"])
+        # Arrays by name; a heterogeneous graph's also name its category and hold dicts per type.
+        arrays: dict[str, Any] = synthetic(np.random.default_rng(args.seed), **params["graph"])
     elif source == "synthetic-hetero":
         arrays = hetero.synthetic_hetero(np.random.default_rng(args.seed), **params["graph"])
     elif source == "files":

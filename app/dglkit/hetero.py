@@ -224,7 +224,8 @@ def cut_and_counts(g, config: dict[str, Any], orig_nids: dict) -> dict[str, Any]
     for src, rel, dst in g.canonical_etypes:
         u, v = (ids.numpy() for ids in g.edges(etype=(src, rel, dst)))
         cut += int(np.count_nonzero(part_of[src][u] != part_of[dst][v]))
-    edges = sum(np.diff(np.array(ranges), axis=1)[:, 0] for ranges in config["edge_map"].values())
+    edges = sum((np.diff(np.array(ranges), axis=1)[:, 0] for ranges in config["edge_map"].values()),
+                np.zeros(num_parts, np.int64))
     category = next(t for t in g.ntypes if "train_mask" in g.nodes[t].data)
     train = g.nodes[category].data["train_mask"].numpy().astype(bool)
     train_per_part = np.bincount(part_of[category][train], minlength=num_parts)

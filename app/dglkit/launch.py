@@ -28,6 +28,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any, TextIO
 
 import psutil
 
@@ -36,7 +37,7 @@ from dglkit.blame import is_victim, progress, repeats
 from dglkit.common import UserError, check_machine_count, emit_result, read_json, read_partition_config, shared_fs_now, write_json
 
 # Settings and their defaults; job.json uses the same keys, flags override it.
-DEFAULTS = {
+DEFAULTS: dict[str, Any] = {
     "ip_config": None,
     "part_config": None,
     "job_dir": None,
@@ -302,12 +303,12 @@ def in_program_dir(command: str, program_dir: Path) -> str:
     python = python_word(command)
     paths = {python.span(1)}
     first = re.match(r"\s*(\S+)", command)
-    if first.start(1) < python.start(1):
+    if first and first.start(1) < python.start(1):
         paths.add(first.span(1))
     script = re.compile(r"(?<=\s)(?!-)\S+").search(command, python.end())
-    options = command[python.end():script.start()].split() if script else []
-    runs_script = script and not any(option.startswith(("-m", "-c")) for option in options)
-    words = [span for span in paths if "/" in command[slice(*span)]] + ([script.span()] if runs_script else [])
+    words = [span for span in paths if "/" in command[slice(*span)]]
+    if script and not any(option.startswith(("-m", "-c")) for option in command[python.end():script.start()].split()):
+        words.append(script.span())
     for start, end in sorted(words, reverse=True):
         word = command[start:end]
         if re.fullmatch(r"[\w.+-]+(?:/[\w.+-]+)*", word) and (program_dir / word).is_file():
@@ -350,7 +351,7 @@ class Launcher:
         self.status_written = 0.0
         self.signal_received = 0
         self.shm_before = set(os.listdir("/dev/shm"))
-        self.log_file = None
+        self.log_file: TextIO | None = None
         self.nodes: list[str] = cfg.nodes or [cfg.node_name]
         self.attempt = current_attempt(job["job_dir"])
         self.peers_checked = 0.0
@@ -828,7 +829,7 @@ def remove_orphaned_shm(before: set[str]) -> list[str]:
     new = set(os.listdir("/dev/shm")) - before
     if not new:
         return []
-    held = set()
+    held: set[str] = set()
     for proc in psutil.process_iter():
         try:
             held.update(Path(f.path).name for f in proc.open_files() if f.path.startswith("/dev/shm/"))

@@ -61,7 +61,9 @@ def held_out_shares(part_config: str, rank: int, world: int) -> dict[str, torch.
     orig_nids = np.load(Path(part_config).parent / "orig_nids.npy")
     new_id = np.empty_like(orig_nids)
     new_id[orig_nids] = np.arange(len(orig_nids))
-    with np.load(edge_split_path(part_config)) as split:
+    path = edge_split_path(part_config)
+    assert path is not None, "check() refuses a dataset without held-out edges"
+    with np.load(path) as split:
         return {name: torch.from_numpy(np.stack([new_id[split[f"{name}_src"]], new_id[split[f"{name}_dst"]]]))[:, rank::world]
                 for name in ("val", "test")}
 

@@ -42,7 +42,7 @@ def partition_node_data(part_config: Path) -> dict[str, list[str]]:
     """{node type: its node data names} as part 0 stores them (every part has the same names)."""
     config = read_partition_config(part_config)
     part = config.get("part-0", {})
-    types = {name: [] for name in config.get("ntypes", {"_N": 0})}
+    types: dict[str, list[str]] = {name: [] for name in config.get("ntypes", {"_N": 0})}
     if "node_feats" in part:
         for key in tensor_names(part_config.parent / part["node_feats"]):
             ntype, _, name = key.rpartition("/")
@@ -59,8 +59,10 @@ def served_names(part_config: Path, names: dict) -> dict[str, str]:
     listing = "; ".join(f"{ntype}: {', '.join(have) or '(none)'}" for ntype, have in stored.items())
     if not isinstance(names, dict):
         raise UserError(f"node data names {json.dumps(names)}: give a mapping, e.g. {{\"feat\": \"features\"}}")
-    pairs = [(ntype, old, new) for old, new in names.items() if not isinstance(new, dict)
-             for ntype in [t for t, have in stored.items() if old in have] or [None]]
+    # ntype None: no node type has `old` (reported below, with the names the partition has).
+    pairs: list[tuple[str | None, str, object]] = [
+        (ntype, old, new) for old, new in names.items() if not isinstance(new, dict)
+        for ntype in [t for t, have in stored.items() if old in have] or (None,)]
     for ntype, renames in names.items():
         if isinstance(renames, dict):
             if ntype not in stored:

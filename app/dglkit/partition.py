@@ -63,8 +63,8 @@ def run(args: argparse.Namespace) -> int:
     params = {key: getattr(args, key) for key in (
         "num_parts", "graph_name", "part_method", "num_hops", "balance_train", "balance_edges", "builder")}
     manifest_path, part_config = out / "manifest.json", out / f"{args.graph_name}.json"
-    old = read_json(manifest_path)
-    current = (old is not None and old.get("complete") and old.get("dataset_fingerprint") == dataset["fingerprint"]
+    old = read_json(manifest_path) or {}
+    current = (old.get("complete") and old.get("dataset_fingerprint") == dataset["fingerprint"]
                and old.get("parameters") == params and part_config.is_file()
                and all((out / f"part{i}").is_dir() for i in range(args.num_parts)))
     if current and (old["graphbolt"] or not args.graphbolt or args.step in ("assign", "part")):
@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.step in ("part", "finish"):
         return distributed_step(args, dataset, out, old, params)
-    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and old is None)):
+    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not old)):
         raise UserError(f"--out {out} holds something that is not a dglkit partition; give a new or empty directory")
 
     what = f"partitioning {dataset['num_nodes']} nodes and {dataset['num_edges']} edges"
@@ -202,12 +202,12 @@ def distributed_assign(args: argparse.Namespace, dataset: dict[str, Any], out: P
     emit_result({"changed": True, "out": str(out), "step": "assign", "peak_rss_mb": manifest["peak_rss_mb"]})
 
 
-def distributed_step(args: argparse.Namespace, dataset: dict[str, Any], out: Path, manifest: dict[str, Any] | None,
+def distributed_step(args: argparse.Namespace, dataset: dict[str, Any], out: Path, manifest: dict[str, Any],
                      params: dict[str, Any]) -> int:
     """--step part (one part, on the worker that runs it) and --step finish, after --step assign."""
     from dglkit import leanpart
 
-    if (manifest is None or manifest.get("dataset_fingerprint") != dataset["fingerprint"]
+    if (manifest.get("dataset_fingerprint") != dataset["fingerprint"]
             or manifest.get("parameters") != params or not (out / ASSIGNMENT).is_file()):
         raise UserError(f"{out} holds no assignment for these settings: run --step assign first")
     sizes = dataset["num_nodes"], dataset["num_edges"], dataset["feat_dim"], args.num_parts
@@ -220,17 +220,17 @@ def distributed_step(args: argparse.Namespace, dataset: dict[str, Any], out: Pat
         shutil.rmtree(out / f"part{args.part}", ignore_errors=True)  # an earlier attempt's
         arrays = args.dataset_dir / dataset["arrays"]["dir"]
         layout = leanpart.Layout.of(np.load(out / ASSIGNMENT), dst, args.num_parts)
-        counts = leanpart.build_part(out, args.part, layout, src, dst, lambda owned: {
+        counts: dict[str, Any] = leanpart.build_part(out, args.part, layout, src, dst, lambda owned: {
             name: read_rows(arrays / f"node_{name}.npy", owned) for name in dataset["arrays"]["node_data"]})
         counts.update(host=socket.gethostname(), build_s=lap(start), peak_rss_mb=round(peak_rss_mb()))
         write_json(out / f"part{args.part}.counts.json", counts)
         emit_result({"changed": True, "out": str(out), "step": "part", **counts})
         return 0
     counts_files = [out / f"part{p}.counts.json" for p in range(args.num_parts)]
-    missing = [p for p, path in enumerate(counts_files) if not path.is_file()]
+    parts = [read_json(path) or {} for path in counts_files]
+    missing = [p for p, part in enumerate(parts) if not part]
     if missing:
         raise UserError(f"parts {missing} of {out} are not built: run --step part --part P for each first")
-    parts = [read_json(path) for path in counts_files]
     layout = leanpart.Layout.of(np.load(out / ASSIGNMENT), dst, args.num_parts)
     manifest.update(leanpart.finish(out, layout, src, args.graph_name, args.part_method, parts))
     timings = {**manifest["timings"], "build_s": max(part["build_s"] for part in parts), "finish_s": lap(start)}

@@ -140,7 +140,7 @@ def restarts(job_dir: Path, events: list[dict[str, Any]]) -> list[dict[str, Any]
                              and event["epoch"] == resume["epoch"] - 1 and "time" in event), None)
         found.append({"attempt": past["attempt"], "node": past["node"], "process": past["process"],
                       "reason": past["reason"], "resumed_at_epoch": resume["epoch"] if resume else None,
-                      "time_lost": resume["time"] - checkpointed["time"] if checkpointed else None})
+                      "time_lost": resume["time"] - checkpointed["time"] if resume and checkpointed else None})
     return found
 
 

@@ -33,7 +33,7 @@ def memory_estimate(stage: str, num_nodes: int, num_edges: int, feat_dim: int, n
     """Peak bytes of `prepare` (stage "prepare"), `partition --builder lean|dgl` (lean: building `builders`
     parts at once), or a step of `partition --builder distributed`: "assign" (the storage host) and "part"
     (each worker, for num_parts)."""
-    node_bytes = num_nodes * (4 * feat_dim + 11)  # float32 features, int64 labels, three masks
+    node_bytes: float = num_nodes * (4 * feat_dim + 11)  # float32 features, int64 labels, three masks
     if stage == "assign":  # no node data: vertex weights and METIS' own arrays
         node_bytes = 40 * num_nodes
     elif stage == "part":  # this part's rows only, and the node ID maps
@@ -70,7 +70,7 @@ def cgroup_memory() -> list[tuple[int, int]]:
     """(limit, usage) of every memory cgroup above this process that has a limit (cgroup v2 and v1). Usage is
     the working set, as container runtimes count it: without the inactive file cache, which the kernel
     reclaims before it refuses memory (a read of the dataset would otherwise look like memory in use)."""
-    found = []
+    found: list[tuple[int, int]] = []
     try:
         lines = Path("/proc/self/cgroup").read_text().splitlines()
     except OSError:

@@ -30,7 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def node_states(job_dir: Path, nodes: list[str], stale_after: float) -> dict[str, dict]:
     """name -> {"state", "reason", "attempt"}; "missing" and "stale" are watch's own states for silent nodes."""
-    states = {}
+    states: dict[str, dict] = {}
     now = shared_fs_now(job_dir)
     for node in nodes:
         path = job_dir / "nodes" / node / "status.json"
@@ -85,7 +85,7 @@ def snapshot(job_dir: Path, nodes: list[str], stale_after: float, final: bool) -
         result.update(state="failed", **verdict(job_dir, failed, max_restarts))
     elif (job_dir / "STOP").exists():
         result.update(state="stopped", reason="stopped on request (playbooks/stop.yml)")
-    elif restarts_left:
+    elif failed is not None:  # with restarts left: the first branch took the job otherwise
         cause = cause_of(job_dir, failed.get("attempt", 1))
         result.update(state="restarting", failed_node=cause["node"], reason=f"{cause['process']}: {cause['reason']}")
     elif any(s["state"] == "restarting" for s in states.values()):

@@ -84,7 +84,8 @@ def run_or_exit(self) -> None:
 
 sys.excepthook = exit_on_uncaught_exception
 original_run = multiprocessing.process.BaseProcess.run
-multiprocessing.process.BaseProcess.run = run_or_exit
+# A method replaced on purpose: every sampler child runs through run_or_exit (see the module docstring).
+multiprocessing.process.BaseProcess.run = run_or_exit  # type: ignore[method-assign]
 if os.environ.get("DGL_ROLE") == "server" and os.environ.get("DGLKIT_NODE_DATA_NAMES"):
     try:
         serve_node_data_as(json.loads(os.environ["DGLKIT_NODE_DATA_NAMES"]))
