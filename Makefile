@@ -62,8 +62,11 @@ lock:  ## app/requirements/node.lock (every package, with hashes) from node.in, 
 	  --no-deps --no-build --python-platform x86_64-manylinux_2_28 --python-version $$v --target $$target \
 	  -r $(LOCK) || { status=1; break; }; done; rm -rf $$target; exit $$status
 
-lint: setup
+# The suite runs the same checks (tests/kit/test_lint.py); ruff and mypy read pyproject.toml.
+lint: setup  ## ansible-lint, ruff on every Python file, mypy on app/
 	$(VENV)/bin/ansible-lint
+	$(VENV)/bin/ruff check
+	$(VENV)/bin/mypy
 
 demo: setup  ## a 3-host local cluster (storage + 2 workers), site.yml, then a training job
 	$(PYTHON) $(CLUSTER) up --name $(DEMO) --hosts 3

@@ -1,4 +1,5 @@
-"""The whole kit passes ansible-lint's production profile and ansible-playbook --syntax-check."""
+"""The whole kit passes ansible-lint's production profile and ansible-playbook --syntax-check; the Python of the
+kit passes ruff, and app/ mypy (both configured in pyproject.toml), as `make lint` runs them."""
 import subprocess
 import sys
 from pathlib import Path
@@ -21,3 +22,22 @@ def test_syntax_check(playbook: str) -> None:
     proc = subprocess.run([BIN / "ansible-playbook", "-i", "inventory/sample", "--syntax-check", playbook],
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+def test_ruff_checks_every_python_file_and_finds_nothing() -> None:
+    listed = subprocess.run([BIN / "ruff", "check", "--show-files"], cwd=REPO, capture_output=True, text=True,
+                            timeout=120)
+    checked = {Path(line).resolve().relative_to(REPO) for line in listed.stdout.splitlines()}
+    every = {path.relative_to(REPO) for path in REPO.rglob("*.py") if not path.is_symlink()
+             and not any(part.startswith(".") or part == "runs" for part in path.relative_to(REPO).parts)}
+    assert checked == every
+    proc = subprocess.run([BIN / "ruff", "check", "--output-format", "concise"], cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
+
+
+def test_mypy_finds_nothing_in_the_app() -> None:
+    modules = len(list((REPO / "app" / "dglkit").rglob("*.py")))
+    proc = subprocess.run([BIN / "mypy"], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
+    assert f"no issues found in {modules} source files" in proc.stdout
