@@ -3,9 +3,8 @@ the kit's lean builder (dglkit.leanpart) on one host, or the same builder spread
 
 Writes DGL's files (<graph name>.json, part<i>/), the ID mappings DGL returns but does not save
 (orig_nids.npy, orig_eids.npy: new ID -> original ID; per type for heterogeneous graphs, see dglkit.hetero)
-and manifest.json (dataset fingerprint, parameters,
-timings, peak RSS, edge cut, per-part counts). A re-run with the same inputs is a no-op; --graphbolt on a
-current DGL-format partition only converts it.
+and manifest.json (dataset fingerprint, parameters, timings, peak RSS, edge cut, per-part counts). A re-run
+with the same inputs is a no-op; --graphbolt on a current DGL-format partition only converts it.
 """
 
 import argparse

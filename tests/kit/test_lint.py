@@ -1,5 +1,5 @@
-"""The whole kit passes ansible-lint's production profile and ansible-playbook --syntax-check; the Python of the
-kit passes ruff, and app/ mypy (both configured in pyproject.toml), as `make lint` runs them."""
+"""`make lint` in the suite: the whole kit passes ansible-lint's production profile and ansible-playbook
+--syntax-check, every Python file ruff and app/ mypy (both configured in pyproject.toml)."""
 import subprocess
 import sys
 from pathlib import Path
