@@ -281,14 +281,16 @@ class Cluster:
         return {key: value for key, value in found.items() if value != CLEAN[key]}
 
     def job_processes(self) -> dict[str, list[psutil.Process]]:
-        """Every process that runs the workspace venv's Python, per worker, seen from this machine (a host's
-        processes sit in the cgroup /dglkit-<cluster>-<host>/): servers, trainers, samplers, torchrun and the
-        kit's launcher, every node at the same instant and without an SSH round trip."""
+        """Every Python process on the cluster's hosts, per worker, seen from this machine (a host's processes
+        sit in the cgroup /dglkit-<cluster>-<host>/): servers, trainers, samplers, torchrun and the kit's
+        launcher, every node at the same instant and without an SSH round trip. The kit starts its servers as
+        `python3` on the venv's PATH, the plain contract by the venv's path; nothing else on the test hosts runs
+        Python while no playbook runs."""
         pattern = re.compile(rf"/dglkit-{re.escape(self.name)}-(node\d+)/")
         found: dict[str, list[psutil.Process]] = {host: [] for host in self.workers()}
         for proc in psutil.process_iter(["cmdline"]):
             cmdline = proc.info["cmdline"] or []
-            if not cmdline or not cmdline[0].startswith(f"{SEED_PATH}/bin/python"):
+            if not cmdline or not re.fullmatch(r"python[0-9.]*", Path(cmdline[0]).name):
                 continue
             try:
                 host = pattern.search(Path(f"/proc/{proc.pid}/cgroup").read_text())
