@@ -57,10 +57,8 @@ def main() -> None:
         for seed in seeds:
             rows.append(benchlib.report("accuracy", {**params, "workers": 1, "seed": seed, "fingerprint": fingerprint},
                                         local_job(Path(tmp), train_args(args, seed), args.timeout)))
-    # The e2e tests' cluster prefix keeps one engineer's bench clusters apart from another's.
-    prefix = os.environ.get("DGLKIT_CLUSTER_PREFIX", "")
     for workers in (int(w) for w in args.workers.split(",") if w):
-        with clusterlib.session(f"{prefix}acc{workers}", workers, args.keep_cluster) as cluster:
+        with clusterlib.session(f"acc{workers}", workers, args.keep_cluster) as cluster:
             part_config = clusterlib.partition(cluster, args.nodes, args.degree)
             dataset = cluster.workspace / "datasets" / f"bench-{args.nodes}-{args.degree}" / "dataset.json"
             cluster_fingerprint = json.loads(dataset.read_text())["fingerprint"]

@@ -10,7 +10,6 @@ import argparse
 import os
 import re
 import resource
-import subprocess
 import time
 from pathlib import Path
 
@@ -26,7 +25,6 @@ VARIANTS = {
     "ansible-defaults": {"ANSIBLE_PIPELINING": "False", "ANSIBLE_FORKS": "5",
                          "ANSIBLE_SSH_ARGS": "-o ControlMaster=no -o ServerAliveInterval=15"},
 }
-RECAP_RE = re.compile(r"^(\S+)\s+:\s+((?:\w+=\d+\s*)+)$", re.M)
 TASK_TIME_RE = re.compile(r"^(.+?) -{3,} (\d+\.\d+)s$", re.M)
 LOGS = Path("/var/tmp/dglkit-bench/logs")
 
@@ -55,58 +53,54 @@ def main() -> None:
 
     rows = []
     for hosts in sizes:
-        name = args.cluster if args.existing and args.cluster else f"bringup{hosts}"
+        cluster = clusterlib.named(args.cluster if args.existing and args.cluster else f"bringup{hosts}")
         if not args.existing:
-            clusterlib.down(name)  # fresh hosts: nothing left from an earlier run
+            cluster.down()  # fresh hosts: nothing left from an earlier run
             start = time.perf_counter()
-            clusterlib.run(["python3", str(benchlib.REPO / "tests/cluster/testcluster.py"), "up", "--name", name,
-                            "--hosts", str(hosts)])
+            cluster.up(hosts)
             up_s = round(time.perf_counter() - start, 2)
         try:
             if not args.existing:
-                rows.append(record(name, hosts, "first run", "kit", 0, {}, up_s))
+                rows.append(record(cluster, hosts, "first run", "kit", 0, {}, up_s))
             for variant in variants:
                 for rerun in range(args.reruns):
-                    rows.append(record(name, hosts, "re-run", variant, rerun, VARIANTS[variant], None))
+                    rows.append(record(cluster, hosts, "re-run", variant, rerun, VARIANTS[variant], None))
         finally:
             if not (args.keep_cluster and hosts == sizes[-1]):
-                clusterlib.down(name)
+                cluster.down()
     print_table(rows)
 
 
-def record(name: str, hosts: int, stage: str, variant: str, run: int, env: dict, up_s: float | None) -> dict:
-    figures = site(name, {**os.environ, **env, "ANSIBLE_NOCOLOR": "1",
-                          "ANSIBLE_CALLBACKS_ENABLED": "ansible.posix.profile_tasks"},
-                   LOGS / f"{name}-{stage.replace(' ', '-')}-{variant.replace(' ', '-')}-{run}.log")
+def record(cluster: clusterlib.Cluster, hosts: int, stage: str, variant: str, run: int, env: dict,
+           up_s: float | None) -> dict:
+    figures = site(cluster, {**env, "ANSIBLE_CALLBACKS_ENABLED": "ansible.posix.profile_tasks"},
+                   LOGS / f"{cluster.name}-{stage.replace(' ', '-')}-{variant.replace(' ', '-')}-{run}.log")
     if up_s is not None:
         figures["hosts_up_s"] = up_s
-    params = {"hosts": hosts, "cluster": name, "stage": stage, "variant": variant, "env": env, "run": run}
+    params = {"hosts": hosts, "cluster": cluster.name, "stage": stage, "variant": variant, "env": env, "run": run}
     line = benchlib.append("bringup", {"params": params, "figures": figures})
     print(f"{hosts} hosts, {stage}, {variant}, run {run}: {figures['wall_s']} s, changed {figures['changed']}, "
           f"failed {figures['failed']}, load {figures['load_before']}->{figures['load_after']}", flush=True)
     return line
 
 
-def site(name: str, env: dict, log: Path) -> dict:
+def site(cluster: clusterlib.Cluster, env: dict, log: Path) -> dict:
     """One `ansible-playbook site.yml` run: wall time, PLAY RECAP totals and the slowest tasks."""
-    cmd = [str(benchlib.REPO / ".venv/bin/ansible-playbook"), "-i",
-           str(clusterlib.STATE / name / "inventory"), "site.yml"]
     load_before = os.getloadavg()[0]
     busy_before, children_before = machine_busy_s(), resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=benchlib.REPO, env=env, capture_output=True, text=True)
+    run = cluster.playbook("site.yml", check=False, timeout=None, env=env)
     wall = round(time.perf_counter() - start, 2)
     # The hosts share this machine's cores with the controller: its CPU time (ansible-playbook, its forks and
     # SSH clients) against everything the cores did meanwhile, which is mostly the hosts running modules.
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
     controller_cpu = (children.ru_utime - children_before.ru_utime) + (children.ru_stime - children_before.ru_stime)
     machine_cpu = machine_busy_s() - busy_before
-    log.write_text(proc.stdout + proc.stderr)
-    recap = [dict(pair.split("=") for pair in counts.split())
-             for _, counts in RECAP_RE.findall(proc.stdout.rpartition("PLAY RECAP")[2])]
-    slowest = sorted(((float(t), task.strip()) for task, t in TASK_TIME_RE.findall(proc.stdout)), reverse=True)[:5]
-    return {"wall_s": wall, "returncode": proc.returncode, "log": str(log),
-            "changed": sum(int(r["changed"]) for r in recap), "failed": sum(int(r["failed"]) for r in recap),
+    log.write_text(run.output)
+    slowest = sorted(((float(t), task.strip()) for task, t in TASK_TIME_RE.findall(run.output)), reverse=True)[:5]
+    return {"wall_s": wall, "returncode": run.returncode, "log": str(log),
+            "changed": sum(r["changed"] for r in run.recap.values()),
+            "failed": sum(r["failed"] for r in run.recap.values()),
             "slowest_tasks": [[task, t] for t, task in slowest],
             "controller_cpu_s": round(controller_cpu, 1), "machine_cpu_s": round(machine_cpu, 1),
             "load_before": round(load_before, 2), "load_after": round(os.getloadavg()[0], 2)}

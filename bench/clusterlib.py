@@ -1,9 +1,9 @@
-"""Jobs on an nspawn test cluster for the bench scripts: stand the cluster up, partition on it, start a job
-with the kit's launcher or with DGL's plain launch.py contract (docs/design.md, the node CLI's `launch`),
-and watch or stop its processes.
+"""Jobs on an nspawn test cluster for the bench scripts: stand the cluster up (tests/cluster/clusterclient.py,
+the e2e tests' client too), partition on it, start a job with the kit's launcher or with DGL's plain launch.py
+contract (docs/design.md, the node CLI's `launch`), and watch or stop its processes.
 
-Processes are observed from this machine: a host's processes sit in the cgroup /dglkit-<cluster>-<host>/
-(testcluster.py), so polling them costs no SSH round trip and sees every node at the same instant.
+Processes are observed from this machine (Cluster.job_processes): polling them costs no SSH round trip and sees
+every node at the same instant.
 """
 
 import contextlib
@@ -12,89 +12,40 @@ import os
 import re
 import shlex
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import psutil
-import yaml
 
 from benchlib import REPO
 
-STATE = Path("/var/lib/dglkit-testcluster")
-WS = "/srv/dglkit"
+sys.path.insert(0, str(REPO / "tests" / "cluster"))
+from clusterclient import WS, Cluster, named  # noqa: E402 (tests/cluster is no package)
+
 VENV_PYTHON = f"{WS}/venv/bin/python"
 UNIT = "dglkit-bench-job"
 
 
-class Cluster:
-    def __init__(self, name: str):
-        self.name = name
-        self.dir = STATE / name
-        self.workspace = self.dir / "workspace"  # this machine's view of /srv/dglkit on every host
-
-    def workers(self) -> dict[str, str]:
-        """Worker name -> cluster address, in inventory order (= DGL machine order)."""
-        inventory = yaml.safe_load((self.dir / "inventory" / "hosts.yml").read_text())
-        hosts = inventory["all"]["children"]["cluster"]["children"]["workers"]["hosts"]
-        return {host: values["ansible_host"] for host, values in hosts.items()}
-
-    def ssh(self, host: str, command: str, check: bool = True, timeout: float = 600) -> str:
-        proc = subprocess.run(["ssh", "-F", str(self.dir / "ssh" / "config"), host, command],
-                              capture_output=True, text=True, timeout=timeout)
-        if check and proc.returncode:
-            sys.exit(f"error: {host}: `{command}` exited {proc.returncode}: {proc.stderr.strip()[-2000:]}")
-        return proc.stdout
-
-    def job_processes(self) -> dict[str, list[psutil.Process]]:
-        """Every process that runs the workspace venv's Python, per host: servers, trainers, samplers,
-        torchrun and the kit's launcher. Nothing else on the test hosts uses that Python during a bench."""
-        pattern = re.compile(rf"/dglkit-{re.escape(self.name)}-(node\d+)/")
-        found: dict[str, list[psutil.Process]] = {host: [] for host in self.workers()}
-        for proc in psutil.process_iter(["cmdline"]):
-            cmdline = proc.info["cmdline"] or []
-            if not cmdline or not cmdline[0].startswith(VENV_PYTHON):
-                continue
-            try:
-                host = pattern.search(Path(f"/proc/{proc.pid}/cgroup").read_text())
-            except OSError:
-                continue
-            if host and proc.status() != psutil.STATUS_ZOMBIE:
-                found.setdefault(host.group(1), []).append(proc)
-        return found
-
-
 def up(name: str, hosts: int) -> Cluster:
-    """A running cluster of `hosts` workers (node1 is storage and a worker) with the kit stood up by site.yml."""
-    cluster = Cluster(name)
-    run([sys.executable, str(REPO / "tests/cluster/testcluster.py"), "up", "--name", name, "--hosts", str(hosts),
-         "--storage-is-worker"])
+    """A running cluster of `hosts` workers (node1 is storage and a worker) with the kit stood up by site.yml;
+    the name gets DGLKIT_CLUSTER_PREFIX in front."""
+    cluster = named(name)
+    cluster.up(hosts, storage_is_worker=True)
     if not (cluster.workspace / "venv" / "bin" / "python").exists() or not (cluster.workspace / "app").is_dir():
-        run([str(REPO / ".venv/bin/ansible-playbook"), "-i", str(cluster.dir / "inventory"), "site.yml"], cwd=REPO)
+        cluster.stand_up()
     return cluster
 
 
 @contextlib.contextmanager
 def session(name: str, hosts: int, keep: bool) -> Iterator[Cluster]:
-    """up() for the length of a with-block; down() afterwards unless `keep`."""
+    """up() for the length of a with-block; down afterwards unless `keep`."""
     cluster = up(name, hosts)
     try:
         yield cluster
     finally:
         if not keep:
-            down(name)
-
-
-def down(name: str) -> None:
-    run([sys.executable, str(REPO / "tests/cluster/testcluster.py"), "down", "--name", name])
-
-
-def run(cmd: list[str], cwd: Path | None = None) -> None:
-    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
-    if proc.returncode:
-        sys.exit(f"error: `{' '.join(cmd)}` exited {proc.returncode}:\n{(proc.stdout + proc.stderr)[-3000:]}")
+            cluster.down()
 
 
 def partition(cluster: Cluster, nodes: int, degree: float) -> str:
@@ -105,7 +56,7 @@ def partition(cluster: Cluster, nodes: int, degree: float) -> str:
     first = next(iter(cluster.workers()))
     cluster.ssh(first, f"{VENV_PYTHON} -m dglkit prepare --dataset synthetic --out {data} --num-nodes {nodes} "
                        f"--avg-degree {degree} && {VENV_PYTHON} -m dglkit partition --dataset-dir {data} --out {out} "
-                       f"--num-parts {num_parts} --graph-name bench --graphbolt")
+                       f"--num-parts {num_parts} --graph-name bench --graphbolt", timeout=600)
     return f"{out}/bench.json"
 
 
@@ -219,7 +170,7 @@ def cleanup(cluster: Cluster, shm_before: dict[str, set[str]]) -> dict[str, int]
     time.sleep(1)
     left = {}
     for host, before in shm_before.items():
-        new = set(cluster.ssh(host, "ls /dev/shm").split()) - before
+        new = set(cluster.ssh(host, "ls /dev/shm").stdout.split()) - before
         left[host] = len(new)
         if new:
             cluster.ssh(host, "cd /dev/shm && rm -f " + " ".join(shlex.quote(n) for n in new))
@@ -227,10 +178,10 @@ def cleanup(cluster: Cluster, shm_before: dict[str, set[str]]) -> dict[str, int]
 
 
 def shm_listing(cluster: Cluster) -> dict[str, set[str]]:
-    return {host: set(cluster.ssh(host, "ls /dev/shm").split()) for host in cluster.workers()}
+    return {host: set(cluster.ssh(host, "ls /dev/shm").stdout.split()) for host in cluster.workers()}
 
 
 def listening(cluster: Cluster, port: int) -> dict[str, bool]:
     """Whether each node still has a listener on the DGL server port."""
-    return {host: bool(cluster.ssh(host, f"ss -Hltn 'sport = :{port}'", check=False).strip())
+    return {host: bool(cluster.ssh(host, f"ss -Hltn 'sport = :{port}'", check=False).stdout.strip())
             for host in cluster.workers()}

@@ -12,31 +12,6 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from conftest import Cluster, PlaybookRun
 
-# One host-side look for what a job left (conftest's Cluster.leftovers): processes, listening DGL/rendezvous
-# ports, /dev/shm files, the job unit.
-LEFTOVERS = r"""
-import json, os, subprocess
-procs = []
-for pid in filter(str.isdigit, os.listdir('/proc')):
-    try:
-        cmd = open('/proc/%s/cmdline' % pid, 'rb').read().replace(b'\0', b' ').decode()
-    except OSError:
-        continue
-    if 'dglkit' in cmd and pid != str(os.getpid()):
-        procs.append(cmd[:120])
-ports = set()
-for table in ('/proc/net/tcp', '/proc/net/tcp6'):
-    for line in open(table).read().splitlines()[1:]:
-        fields = line.split()
-        if fields[3] == '0A':
-            ports.add(int(fields[1].rsplit(':', 1)[1], 16))
-unit = subprocess.run(['systemctl', 'is-active', 'dglkit-job'], capture_output=True, text=True).stdout.strip()
-# The rendezvous and DGL's servers (any dglkit_server_port a test sets).
-dgl = [port for port in ports if port == 29500 or 30000 <= port < 32000]
-print(json.dumps({'procs': procs, 'ports': sorted(dgl), 'shm': os.listdir('/dev/shm'), 'unit': unit}))
-"""
-CLEAN = {"procs": [], "ports": [], "shm": [], "unit": "inactive"}
-
 
 def as_job_user(command: str) -> str:
     """A shell command as the job account (the default dglkit_user)."""
@@ -53,14 +28,6 @@ def flat(output: str) -> str:
     return " ".join(output.split())
 
 
-def with_names(cmd: list[str], etc_hosts: Path | None) -> list[str]:
-    """cmd in a mount namespace of its own that sees etc_hosts as /etc/hosts (inventories can then name cluster
-    addresses without touching this machine's /etc/hosts); cmd itself without etc_hosts."""
-    if etc_hosts is None:
-        return cmd
-    return ["unshare", "--mount", "sh", "-ec", 'mount --bind "$0" /etc/hosts; exec "$@"', str(etc_hosts), *cmd]
-
-
 def run_folder(output: str) -> Path:
     """The run folder train.yml printed at the end."""
     found = re.search(r"run folder: (/[^\s']+)", flat(output))
@@ -69,7 +36,7 @@ def run_folder(output: str) -> Path:
 
 
 def workers(cluster: Cluster) -> list[str]:
-    return list(cluster.groups()["workers"])
+    return list(cluster.workers())
 
 
 def assert_clean(cluster: Cluster) -> None:

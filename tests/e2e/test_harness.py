@@ -130,14 +130,14 @@ def artefacts(name: str) -> list[str]:
 def test_resize_crash_recovery_and_down_leave_nothing(cluster_factory: Callable[..., Cluster]) -> None:
     small = cluster_factory("harness-cycle", 2)
     link = small.state()["controller_if"]
-    assert artefacts("harness-cycle")
+    assert artefacts(small.name)
 
     small.up(3, storage_is_worker=True)
     assert small.groups() == {"storage": {"node1": small.hosts()["node1"]}, "workers": small.hosts()}
     assert small.ssh("node3", "hostname").stdout.strip() == "node3"
     small.remove("node2")
     assert list(small.groups()["workers"]) == ["node1", "node3"]
-    assert not [a for a in artefacts("harness-cycle") if "node2" in a]
+    assert not [a for a in artefacts(small.name) if "node2" in a]
 
     # A crashed run: the host's nspawn is gone but its systemd, overlay, cgroup and namespace are not.
     pid = int((small.dir / "hosts/node3/nspawn.pid").read_text())
@@ -147,7 +147,7 @@ def test_resize_crash_recovery_and_down_leave_nothing(cluster_factory: Callable[
     assert small.ssh("node2", "systemctl is-system-running --wait").stdout.strip() == "running"
 
     small.down()
-    assert artefacts("harness-cycle") == []
+    assert artefacts(small.name) == []
     assert subprocess.run(["ip", "link", "show", "dev", link], capture_output=True).returncode != 0
 
 

@@ -1,0 +1,34 @@
+"""The documentation's links inside the repository lead somewhere: every relative link in README.md and docs/
+names a file that exists and, with a #fragment, a heading of that file."""
+import re
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+PAGES = [REPO / "README.md", REPO / "BENCHMARKS.md", *sorted((REPO / "docs").glob("*.md"))]
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+HEADING = re.compile(r"^#+ (.+)$", re.M)
+
+
+def anchor(heading: str) -> str:
+    """GitHub's id for a heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def links(page: Path) -> list[str]:
+    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+    return [target for target in LINK.findall(text) if not re.match(r"\w+:", target)]
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(REPO)) for p in PAGES])
+def test_every_relative_link_names_a_file_and_heading_that_exist(page: Path) -> None:
+    broken = []
+    for target in links(page):
+        path, _, fragment = target.partition("#")
+        dest = (page.parent / path).resolve() if path else page
+        if not dest.exists():
+            broken.append(f"{target}: no file {dest.relative_to(REPO) if REPO in dest.parents else dest}")
+        elif fragment and fragment not in {anchor(h) for h in HEADING.findall(dest.read_text())}:
+            broken.append(f"{target}: no heading with id {fragment} in {dest.relative_to(REPO)}")
+    assert not broken, f"{page.relative_to(REPO)}: " + "; ".join(broken)
