@@ -1,0 +1,213 @@
+"""Every job setting, declared once: its type, default, help, whether it changes the job id and who reads it.
+
+Standard library only: the controller runs this (`dglkit plan`, `dglkit settings`) with Ansible's Python.
+The role's defaults and argument specs, the sample inventory's job.yml and the table in docs/settings.md
+are generated from SETTINGS (`python -m dglkit settings --write`); a kit test fails when they drift.
+"""
+
+import argparse
+from dataclasses import dataclass
+from typing import Any
+
+PREFIX = "dgl_job_"
+
+# Who reads a setting: the trainers (the job's settings file), the launcher (job.json), the dgl_dataset role
+# (playbooks/vars/dgl_dataset.yml) or the dgl_job role's tasks themselves.
+TRAINER, LAUNCHER, DATASET, PLAYBOOK = "trainer", "launcher", "dataset", "playbook"
+# What a setting changes: the job id through the hash of the training settings, or through the partition
+# (dataset settings make another dataset or partition id, hence another job id).
+JOB, PARTITION = "job", "partition"
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str  # without the dgl_job_ prefix
+    type: str  # int, float, bool, str, path, list (of int), dict
+    default: Any
+    help: str
+    reader: str
+    identity: str | None = None  # JOB, PARTITION or None (changes no id)
+    choices: tuple[str, ...] = ()
+    shown: str | None = None  # the default as documented, when the default is an Ansible expression
+    sample: str | None = "value"  # job.yml: "value" (set), "comment" (commented out), None (left out)
+    note: str = ""  # the inline comment of job.yml and defaults/main.yml, when shorter than the help
+    entry: str = "main"  # the role entry point whose argument specs list it
+
+    @property
+    def var(self) -> str:
+        return PREFIX + self.name
+
+
+@dataclass(frozen=True)
+class Section:
+    title: str
+    comment: str  # job.yml's comment above the section's settings
+
+
+SECTIONS: list[tuple[Section, list[Setting]]] = [
+    (Section("Task", "Task: node_classification (GraphSAGE; RGCN when the dataset is heterogeneous) or "
+             "link_prediction\n(GraphSAGE encoder on a homogeneous graph, MRR and hits@k on held-out edges)."), [
+        Setting("task", "str", "node_classification",
+                "node_classification trains GraphSAGE, or RGCN when the dataset is heterogeneous (synthetic-hetero, "
+                "ogbn-mag, files with num_nodes.json); link_prediction trains a GraphSAGE encoder on a homogeneous "
+                "graph with held-out edges and reports MRR and hits@k.",
+                TRAINER, JOB, choices=("node_classification", "link_prediction")),
+    ]),
+    (Section("Dataset", "Dataset: synthetic (a community graph of any size, features and labels follow the communities),\n"
+             "         synthetic-hetero (papers, authors, institutions, fields of study; labels on papers),\n"
+             "         ogbn-products, ogbn-mag or another ogbn-* node-property dataset, or files (your own graph;\n"
+             "         a directory with num_nodes.json is heterogeneous, see docs/settings.md).\n"
+             "The dataset settings reach the dgl_dataset role through playbooks/vars/dgl_dataset.yml."), [
+        Setting("dataset", "str", "synthetic",
+                "synthetic, synthetic-hetero (papers, authors, institutions, fields; labels on papers), files, or an "
+                "OGB node-property dataset (ogbn-products, ogbn-arxiv, ogbn-mag, ...).", DATASET, PARTITION),
+        Setting("synthetic_nodes", "int", 100000, "Nodes of the synthetic graph.", DATASET, PARTITION),
+        Setting("synthetic_degree", "int", 10, "Mean degree of the synthetic graph.", DATASET, PARTITION),
+        Setting("synthetic_classes", "int", 10, "Classes of the synthetic graph.", DATASET, PARTITION),
+        Setting("synthetic_feat_dim", "int", 64, "Feature dimension of the synthetic graph.", DATASET, PARTITION),
+        Setting("synthetic_seed", "int", 0, "Seed of the synthetic graph and its split.", DATASET, PARTITION),
+        Setting("ogb_root", "path", "{{ dgl_job_workspace }}/ogb",
+                "ogbn-*: directory on the storage host that holds (or receives) ogb's dataset folders "
+                "(e.g. <root>/ogbn_products/ with RELEASE_v1.txt).", DATASET, shown="<workspace>/ogb",
+                sample="comment"),
+        Setting("ogb_download", "bool", False,
+                "ogbn-*: let ogb download a missing dataset (needs internet on the storage host); without it, place "
+                "the files under dgl_job_ogb_root first.", DATASET, sample="comment"),
+        Setting("files_path", "str", "",
+                "files: an .npz or a directory of .npy/.csv files on the storage host (edges, feat, labels, optional "
+                "masks). The ids come from the path: after changing the files in place, run with "
+                "-e dgl_job_force=true.", DATASET, PARTITION, sample="comment"),
+        Setting("partition_builder", "str", "lean",
+                "How the dataset is partitioned: on the storage host with lean (METIS in a process of its own, then "
+                "one part at a time; a fraction of the memory) or dgl (dgl.distributed.partition_graph); or "
+                "distributed (the storage host computes the METIS assignment from the structure alone, every worker "
+                "builds its own part, so that no host holds the whole graph with its features; lean's output). Each "
+                "gets its own partition, and refuses before writing anything when its memory estimate exceeds what "
+                "a host has.", DATASET, PARTITION, choices=("lean", "dgl", "distributed")),
+    ]),
+    (Section("Model and training", "Model and training (GraphSAGE as DGL's distributed tutorial, RGCN as its "
+             "distributed rgcn example)."), [
+        Setting("epochs", "int", 5, "Training epochs.", TRAINER, JOB),
+        Setting("batch_size", "int", 256, "Seed nodes per mini-batch and trainer.", TRAINER, JOB),
+        Setting("fan_out", "list", [10, 25], "Neighbours sampled per layer, one value per layer (-1: all).",
+                TRAINER, JOB),
+        Setting("layers", "int", 2, "GraphSAGE or RGCN layers.", TRAINER, JOB),
+        Setting("hidden", "int", 64, "Hidden units of GraphSAGE or RGCN.", TRAINER, JOB),
+        Setting("dropout", "float", 0.5, "Dropout in [0, 1).", TRAINER, JOB),
+        Setting("lr", "float", 0.01, "Adam learning rate.", TRAINER, JOB),
+        Setting("weight_decay", "float", 0.0, "L2 penalty (weight decay) of the Adam optimizer.", TRAINER, JOB),
+        Setting("seed", "int", 0, "Seed of torch, numpy, random and DGL's samplers on servers and trainers.",
+                TRAINER, JOB),
+        Setting("sparse_lr", "float", 0.01,
+                "RGCN only: learning rate of the learnt embeddings of featureless node types (SparseAdam).",
+                TRAINER, JOB),
+        Setting("link_val_frac", "float", 0.05,
+                "Link prediction only: share of node pairs held out of the graph for validation.", DATASET, PARTITION),
+        Setting("link_test_frac", "float", 0.05,
+                "Link prediction only: share of node pairs held out of the graph for testing.", DATASET, PARTITION),
+        Setting("num_negs", "int", 5,
+                "Link prediction only: uniformly sampled negative edges per positive edge in training.", TRAINER, JOB),
+        Setting("eval_negs", "int", 100,
+                "Link prediction only: negatives each held-out edge is ranked against (MRR, hits@1/3/10).",
+                TRAINER, JOB),
+    ]),
+    (Section("Processes", "Processes on every worker: DGL servers, trainers, and sampler processes per trainer (0: the "
+             "trainer\nsamples itself). GraphBolt sampling also converts the partition (once)."), [
+        Setting("servers", "int", 1, "DGL servers per worker.", LAUNCHER, JOB),
+        Setting("trainers", "int", 1, "Trainer processes per worker.", LAUNCHER, JOB),
+        Setting("samplers", "int", 0, "Sampler processes per trainer (0 samples inside the trainer).", LAUNCHER, JOB),
+        Setting("server_threads", "int", 1, "OMP threads of each server.", LAUNCHER, JOB),
+        Setting("trainer_threads", "int", 0, "OMP threads of each trainer; 0 picks max(cpus // 2 // trainers, 1).",
+                LAUNCHER, JOB),
+        Setting("graphbolt", "bool", False, "Sample with GraphBolt (the partition gets a GraphBolt graph too).",
+                TRAINER, JOB),
+        Setting("memory_max", "str", "",
+                "MemoryMax= of the job unit on each worker (e.g. 48G, or 80% of the node's memory); empty for none. "
+                "Needs the memory cgroup controller.", PLAYBOOK),
+        Setting("cpu_quota", "str", "",
+                "CPUQuota= of the job unit on each worker (e.g. 400% for four cores); empty for none.", PLAYBOOK),
+        Setting("master_port", "int", 29500,
+                "torch.distributed rendezvous port on the first worker (the DGL server ports are "
+                "dglkit_server_port + s).", LAUNCHER),
+    ]),
+    (Section("Liveness", "Liveness. The kit's trainers beat a heartbeat (also while evaluating, inferring and saving); "
+             "one that has\nnot changed for stall_timeout seconds, judged by the launcher's own clock, stops the job. "
+             "Programs that\nnever beat are never judged stalled. A node whose status.json is older than stale_after "
+             "seconds (by the\nshared filesystem's clock, so a host whose clock is off does not count) is down."), [
+        Setting("stall_timeout", "int", 120,
+                "Seconds a trainer's heartbeat may stay unchanged before the job is stopped (programs that never beat "
+                "are not judged).", LAUNCHER),
+        Setting("stale_after", "int", 120,
+                "Seconds after which a node whose status.json is not refreshed (by the shared filesystem's clock) "
+                "counts as down.", LAUNCHER),
+    ]),
+    (Section("Checkpoints and restarts", "Long jobs. The trainers checkpoint every N epochs and after the last "
+             "(<job dir>/checkpoint.pt: model,\noptimizer, epoch, RNG state, metrics). After a failure the nodes' "
+             "launchers stop the job everywhere and start\nit again from the checkpoint, up to max_restarts times, "
+             "each attempt's logs kept in attempts/<n>/; they wait\nup to restart_wait seconds for every node first "
+             "(a node still down then fails that attempt). 0 restarts:\nthe first failure ends the job. Running a "
+             "failed or stopped job again starts over, keeping the earlier\nrun in history/<k>/; with dgl_job_resume "
+             "it continues from the checkpoint instead."), [
+        Setting("checkpoint_every", "int", 1, "The trainers write checkpoint.pt every N epochs and after the last (0 "
+                "never).", TRAINER),
+        Setting("max_restarts", "int", 2, "Restarts from the last checkpoint after a failure, coordinated by the "
+                "nodes' launchers (0 fails at the first failure).", LAUNCHER),
+        Setting("restart_wait", "int", 300, "Seconds the launchers wait for every node before a restart; a node not "
+                "back by then fails that attempt.", LAUNCHER),
+        Setting("resume", "bool", False, "Running a failed or stopped job again continues from its checkpoint "
+                "instead of starting over.", PLAYBOOK),
+        Setting("ssh_retries", "int", 10, "SSH attempts (with backoff up to 30 s each) for each poll of a running "
+                "job before the watch gives up.", PLAYBOOK, sample=None),
+        Setting("poll_seconds", "int", 30, "Longest wait of one `dglkit watch` poll; it returns earlier when the job "
+                "changes.", PLAYBOOK, sample=None),
+    ]),
+    (Section("Job id and results", "Job id: empty derives it from the settings and the partition, so the same job run "
+             "twice is found\nfinished the second time (nothing runs, changed=0). Set dgl_job_force: true to run it "
+             "again anyway.\nResults on the controller: <run dir>/<job id>/ gets logs, status, metrics, summary and "
+             "curves."), [
+        Setting("id", "str", "", "Job id; empty derives it from the settings and the partition.", PLAYBOOK),
+        Setting("force", "bool", False, "Run again even when the job's finished result exists.", PLAYBOOK),
+        Setting("run_dir", "path", "{{ playbook_dir }}/../runs",
+                "Controller directory that receives <job id>/ with logs, metrics and summary.", PLAYBOOK,
+                shown="<playbook dir>/../runs", sample="comment"),
+        Setting("save_embeddings", "bool", False,
+                "Write and fetch node embeddings (embeddings.npy, all nodes in original order; large).", TRAINER, JOB),
+        Setting("save_predictions", "bool", False,
+                "Write and fetch predictions for all nodes (predictions.npy, original order).", TRAINER, JOB),
+        Setting("fetch_model", "bool", False, "Fetch model.pt too.", PLAYBOOK),
+    ]),
+    (Section("Your own program", "Your program's names for the partition's node data, as DGL's servers serve them "
+             "(no copy), only\nwith dgl_program_dir; see docs/settings.md."), [
+        Setting("node_data_names", "dict", {},
+                "Your program's names for the partition's node data (feat, labels, train_mask, val_mask, test_mask), "
+                "as DGL's servers serve them (no copy): {feat: features} renames feat on every node type, "
+                "{paper: {feat: features}} on one. Only with dgl_program_dir; a name the partition does not have "
+                "fails before anything starts.", LAUNCHER, JOB, sample="comment"),
+        Setting("program", "dict", {},
+                "The user's program to run instead of the kit's trainer, as the dgl_program role shipped it (id, "
+                "dir, python_env, command); set by playbooks/vars/dgl_job.yml from dgl_program_dir.", LAUNCHER, JOB,
+                sample=None),
+    ]),
+    (Section("Plumbing", "Plumbing, set by the playbooks from the kit-wide dglkit_* variables."), [
+        Setting("workspace", "path", "/srv/dglkit", "Shared workspace (dglkit_workspace).", PLAYBOOK, sample=None),
+        Setting("venv", "path", "{{ dgl_job_workspace }}/venv", "Node venv (dglkit_venv_dir).", PLAYBOOK,
+                shown="<workspace>/venv", sample=None),
+        Setting("server_port", "int", 30050, "First DGL server port (dglkit_server_port).", LAUNCHER, sample=None),
+        Setting("user", "str", "dglkit", "Unprivileged account that runs every job process and owns the job's files "
+                "(dglkit_user).", PLAYBOOK, sample=None),
+    ]),
+    (Section("Removing nodes", "playbooks/remove_node.yml: the hosts leaving the cluster, and whether to take them "
+             "out while a job runs."), [
+        Setting("remove_nodes", "list", [], "Inventory names of the hosts leaving the cluster.", PLAYBOOK,
+                sample=None, entry="remove"),
+        Setting("remove_running", "bool", False, "Take the hosts out while a job runs (their launchers stop, and "
+                "the job fails on every node).", PLAYBOOK, sample=None, entry="remove"),
+    ]),
+]
+
+SETTINGS: dict[str, Setting] = {s.name: s for _, group in SECTIONS for s in group}
+
+
+def defaults(reader: str | None = None) -> dict[str, Any]:
+    """Declared defaults by short name, of one reader's settings or of all."""
+    return {s.name: s.default for s in SETTINGS.values() if reader in (None, s.reader)}
