@@ -6,7 +6,12 @@ are generated from SETTINGS (`python -m dglkit settings --write`); a kit test fa
 """
 
 import argparse
+import json
+import re
+import sys
+import textwrap
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 PREFIX = "dgl_job_"
@@ -30,7 +35,8 @@ class Setting:
     choices: tuple[str, ...] = ()
     shown: str | None = None  # the default as documented, when the default is an Ansible expression
     sample: str | None = "value"  # job.yml: "value" (set), "comment" (commented out), None (left out)
-    note: str = ""  # the inline comment of job.yml and defaults/main.yml, when shorter than the help
+    example: Any = None  # job.yml's value of a commented-out setting, when not the default
+    elements: str = "int"  # of a list
     entry: str = "main"  # the role entry point whose argument specs list it
 
     @property
@@ -69,14 +75,15 @@ SECTIONS: list[tuple[Section, list[Setting]]] = [
         Setting("ogb_root", "path", "{{ dgl_job_workspace }}/ogb",
                 "ogbn-*: directory on the storage host that holds (or receives) ogb's dataset folders "
                 "(e.g. <root>/ogbn_products/ with RELEASE_v1.txt).", DATASET, shown="<workspace>/ogb",
-                sample="comment"),
+                sample="comment", example="/srv/dglkit/ogb"),
         Setting("ogb_download", "bool", False,
                 "ogbn-*: let ogb download a missing dataset (needs internet on the storage host); without it, place "
                 "the files under dgl_job_ogb_root first.", DATASET, sample="comment"),
         Setting("files_path", "str", "",
                 "files: an .npz or a directory of .npy/.csv files on the storage host (edges, feat, labels, optional "
                 "masks). The ids come from the path: after changing the files in place, run with "
-                "-e dgl_job_force=true.", DATASET, PARTITION, sample="comment"),
+                "-e dgl_job_force=true.", DATASET, PARTITION, sample="comment",
+                example="/srv/dglkit/mygraph.npz"),
         Setting("partition_builder", "str", "lean",
                 "How the dataset is partitioned: on the storage host with lean (METIS in a process of its own, then "
                 "one part at a time; a fraction of the memory) or dgl (dgl.distributed.partition_graph); or "
@@ -169,20 +176,47 @@ SECTIONS: list[tuple[Section, list[Setting]]] = [
         Setting("force", "bool", False, "Run again even when the job's finished result exists.", PLAYBOOK),
         Setting("run_dir", "path", "{{ playbook_dir }}/../runs",
                 "Controller directory that receives <job id>/ with logs, metrics and summary.", PLAYBOOK,
-                shown="<playbook dir>/../runs", sample="comment"),
+                shown="<playbook dir>/../runs", sample="comment", example="/path/to/runs"),
         Setting("save_embeddings", "bool", False,
                 "Write and fetch node embeddings (embeddings.npy, all nodes in original order; large).", TRAINER, JOB),
         Setting("save_predictions", "bool", False,
                 "Write and fetch predictions for all nodes (predictions.npy, original order).", TRAINER, JOB),
         Setting("fetch_model", "bool", False, "Fetch model.pt too.", PLAYBOOK),
     ]),
-    (Section("Your own program", "Your program's names for the partition's node data, as DGL's servers serve them "
-             "(no copy), only\nwith dgl_program_dir; see docs/settings.md."), [
+    (Section("Your own program", (
+        "Your own program instead of the kit's GraphSAGE trainer (roles/dgl_program): a directory on this machine\n"
+        "(scripts, modules, optionally requirements.txt) and the command that starts it, exactly as you would give it\n"
+        "to DGL's tools/launch.py. Servers run the command as it is; trainers run it through torchrun (its first\n"
+        "python becomes `python -m torch.distributed.run ...`), with launch.py's environment. The dataset settings\n"
+        "above still decide the graph: the kit prepares and partitions it, and fills in the placeholders:\n"
+        "  {graph_name} {ip_config} {part_config}   the partition and the cluster's ip_config.txt\n"
+        "  {output_dir}                             what the program writes there comes back to runs/<job id>/\n"
+        "                                           (also in $DGLKIT_OUTPUT_DIR); metrics.jsonl in the kit's format\n"
+        "                                           gets summary.txt and curves.png (docs/design.md)\n"
+        "  {num_machines} {machine_id} {num_servers} {num_trainers} {num_samplers}   per machine\n"
+        "  {job_dir} {program_dir} {node_name}\n"
+        "Ansible variables work too: --num_epochs {{ dgl_job_epochs }}. ${NAME} is left to the shell.\n"
+        "requirements.txt is installed (from the wheelhouse when offline) into an environment of the program's own,\n"
+        "layered on the node venv: torch, DGL and the other node packages stay as pinned; a requirement that\n"
+        "conflicts with them, or is missing from the wheelhouse, fails the job before anything starts.\n"
+        "The copy on the workspace is <workspace>/programs/<name>-<hash of its files>/: an unchanged program is not\n"
+        "copied again, a changed one is a new version (and a new job id); job.json records the version a job ran.\n"
+        "dgl_program_dir: ~/projects/graphsage-dist\n"
+        "dgl_program_command: >-\n"
+        "  python3 train_dist.py --graph_name {graph_name} --ip_config {ip_config} --part_config {part_config}\n"
+        "  --num_epochs 10 --output_dir {output_dir}\n"
+        "dgl_program_name: \"\"    # name of the copy; default: the directory's name\n"
+        "The command runs from the job directory, as launch.py runs it from its --workspace: what the program writes to\n"
+        "relative paths (emb.pt, checkpoints) comes back to runs/<job id>/; its script is found in its copy.\n"
+        "The partition's node data are feat, labels, train_mask, val_mask, test_mask (DGL's tutorial). A program that\n"
+        "reads other names (DGL's distributed examples read features) gets them served under its names, nothing copied:"
+    )), [
         Setting("node_data_names", "dict", {},
                 "Your program's names for the partition's node data (feat, labels, train_mask, val_mask, test_mask), "
                 "as DGL's servers serve them (no copy): {feat: features} renames feat on every node type, "
                 "{paper: {feat: features}} on one. Only with dgl_program_dir; a name the partition does not have "
-                "fails before anything starts.", LAUNCHER, JOB, sample="comment"),
+                "fails before anything starts.", LAUNCHER, JOB, sample="comment",
+                example={"feat": "features"}),
         Setting("program", "dict", {},
                 "The user's program to run instead of the kit's trainer, as the dgl_program role shipped it (id, "
                 "dir, python_env, command); set by playbooks/vars/dgl_job.yml from dgl_program_dir.", LAUNCHER, JOB,
@@ -199,7 +233,7 @@ SECTIONS: list[tuple[Section, list[Setting]]] = [
     (Section("Removing nodes", "playbooks/remove_node.yml: the hosts leaving the cluster, and whether to take them "
              "out while a job runs."), [
         Setting("remove_nodes", "list", [], "Inventory names of the hosts leaving the cluster.", PLAYBOOK,
-                sample=None, entry="remove"),
+                sample=None, elements="str", entry="remove"),
         Setting("remove_running", "bool", False, "Take the hosts out while a job runs (their launchers stop, and "
                 "the job fails on every node).", PLAYBOOK, sample=None, entry="remove"),
     ]),
@@ -211,3 +245,128 @@ SETTINGS: dict[str, Setting] = {s.name: s for _, group in SECTIONS for s in grou
 def defaults(reader: str | None = None) -> dict[str, Any]:
     """Declared defaults by short name, of one reader's settings or of all."""
     return {s.name: s.default for s in SETTINGS.values() if reader in (None, s.reader)}
+
+
+# The generated files, relative to the repository, and the markers of the part of a file that is generated.
+DEFAULTS_FILE = "roles/dgl_job/defaults/main.yml"
+SPECS_FILE = "roles/dgl_job/meta/argument_specs.yml"
+SAMPLE_FILE = "inventory/sample/group_vars/all/job.yml"
+DOCS_FILE = "docs/settings.md"
+TABLE_BEGIN, TABLE_END = "<!-- settings-table:begin -->", "<!-- settings-table:end -->"
+GENERATED = "generated from app/dglkit/settings.py by `make settings`: change them there"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--root", type=Path, default=Path(__file__).resolve().parents[2],
+                        help="the repository (default: the one this file is in)")
+    parser.add_argument("--write", action="store_true", help="rewrite the files that differ from the declaration")
+
+
+def yaml_value(value: Any) -> str:
+    """A flow-style YAML value; strings plain where YAML reads them back as the same string."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(map(yaml_value, value)) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {yaml_value(v)}" for k, v in value.items()) + "}"
+    plain = re.fullmatch(r"[A-Za-z/<][A-Za-z0-9_./<> -]*", value) and value.lower() not in (
+        "true", "false", "yes", "no", "on", "off", "null", "y", "n") and not value.endswith(" ")
+    return value if plain else json.dumps(value)
+
+
+def comment(text: str, width: int = 110) -> list[str]:
+    return ["# " + line if line else "#" for para in text.split("\n")
+            for line in (textwrap.wrap(para, width - 2) or [""])]
+
+
+def render_defaults() -> str:
+    lines = ["---", f"# The dgl_job role's settings, {GENERATED}.",
+             f"# docs/settings.md explains each; {SAMPLE_FILE} is the users' copy."]
+    for section, group in SECTIONS:
+        lines += ["", f"# {section.title}"]
+        for setting in group:
+            lines += comment(setting.help) + [f"{setting.var}: {yaml_value(setting.default)}"]
+    return "\n".join(lines) + "\n"
+
+
+def render_options(entry: str, indent: str = "      ") -> str:
+    lines = []
+    for setting in (s for s in SETTINGS.values() if s.entry == entry):
+        lines += [f"{indent}{setting.var}:", f"{indent}  type: {setting.type}"]
+        if setting.type == "list":
+            lines.append(f"{indent}  elements: {setting.elements}")
+        shown = setting.shown if setting.shown is not None else setting.default
+        lines.append(f"{indent}  default: {yaml_value(shown)}")
+        if setting.choices:
+            lines.append(f"{indent}  choices: {yaml_value(list(setting.choices))}")
+        lines.append(f"{indent}  description: >-")
+        lines += [f"{indent}    {line}" for line in textwrap.wrap(setting.help, 110 - len(indent) - 4)]
+    return "\n".join(lines) + "\n"
+
+
+def render_specs(current: str) -> str:
+    """argument_specs.yml with the options of the main and remove entries generated, the rest as it is."""
+    main = re.compile(r"(\n    options: &options\n)(.*?)(?=\n  [a-z_]+:\n)", re.S)
+    remove = re.compile(r"(\n  remove:\n.*?\n    options:\n)(.*)", re.S)
+    text = main.sub(lambda m: m.group(1) + render_options("main").rstrip("\n"), current, count=1)
+    return remove.sub(lambda m: m.group(1) + render_options("remove"), text, count=1)
+
+
+def render_sample() -> str:
+    lines = ["# The training job that playbooks/train.yml runs (roles/dgl_job). Override any of these for one run with",
+             "# -e, e.g. ansible-playbook -i inventory/mycluster playbooks/train.yml -e dgl_job_epochs=10",
+             f"# The settings are {GENERATED};", "# docs/settings.md lists them all."]
+    for section, group in SECTIONS:
+        shown = [s for s in group if s.sample]
+        if not shown:
+            continue
+        lines += [""] + comment(section.comment)
+        for setting in shown:
+            value = setting.example if setting.example is not None else setting.default
+            lines += comment(setting.help)
+            lines.append(("# " if setting.sample == "comment" else "") + f"{setting.var}: {yaml_value(value)}")
+    return "\n".join(lines) + "\n"
+
+
+def render_table() -> str:
+    lines = ["| setting | default | changes the job id | read by | |", "|---|---|---|---|---|"]
+    for setting in SETTINGS.values():
+        shown = setting.shown if setting.shown is not None else json.dumps(setting.default)
+        choices = f" One of {', '.join(setting.choices)}." if setting.choices else ""
+        identity = {JOB: "yes", PARTITION: "yes (another partition)"}.get(setting.identity or "", "no")
+        lines.append(f"| `{setting.var}` | `{shown}` | {identity} | {setting.reader} | {setting.help}{choices} |")
+    return "\n".join(lines) + "\n"
+
+
+def render_docs(current: str | None) -> str:
+    if current is None:
+        current = f"# Job settings\n\n{TABLE_BEGIN}\n{TABLE_END}\n"
+    start, end = current.index(TABLE_BEGIN) + len(TABLE_BEGIN), current.index(TABLE_END)
+    return current[:start] + f"\n<!-- {GENERATED} -->\n" + render_table() + current[end:]
+
+
+def rendered(root: Path) -> dict[str, str]:
+    """Each generated file's content as the declaration makes it."""
+    def read(name: str) -> str | None:
+        path = root / name
+        return path.read_text() if path.exists() else None
+
+    return {DEFAULTS_FILE: render_defaults(), SPECS_FILE: render_specs(read(SPECS_FILE) or ""),
+            SAMPLE_FILE: render_sample(), DOCS_FILE: render_docs(read(DOCS_FILE))}
+
+
+def run(args: argparse.Namespace) -> int:
+    drifted = []
+    for name, text in rendered(args.root).items():
+        path = args.root / name
+        if not path.exists() or path.read_text() != text:
+            drifted.append(name)
+            if args.write:
+                path.write_text(text)
+    verb = "rewrote" if args.write else "differ from app/dglkit/settings.py (make settings rewrites them):"
+    if drifted:
+        print(verb, ", ".join(drifted), file=sys.stderr if not args.write else sys.stdout)
+    return 1 if drifted and not args.write else 0
