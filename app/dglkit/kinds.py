@@ -2,7 +2,7 @@
 
 Standard library only: `dglkit plan` asks it on the controller before anything starts, `dglkit prepare` on the
 storage host. A files dataset is heterogeneous when its directory has num_nodes.json (dglkit.hetero); only
-its partition's metadata tells, so `dglkit launch --check` decides there (dglkit.train.task_module).
+its partition's metadata tells, so `dglkit launch --check` decides there, before anything starts.
 """
 
 import re
@@ -24,6 +24,15 @@ OGB_HETERO = Kind("ogb", True)
 HETERO_OGB_NAMES = {"ogbn-mag"}
 
 
+# (task, heterogeneous graph?) -> the dglkit module that trains it (dglkit.train.TASK_MODULES); a combination
+# not here does not run.
+TASKS = {
+    ("node_classification", False): "sage",
+    ("node_classification", True): "rgcn",
+    ("link_prediction", False): "linkpred",
+}
+
+
 def kind(dataset: str) -> Kind | None:
     """The kind of a dataset name, None for a name the kit does not know."""
     if re.fullmatch(r"ogbn-[a-z0-9]+", dataset):
@@ -35,3 +44,18 @@ def heterogeneous(dataset: str) -> bool | None:
     """True or False when the name decides, None when the data do (files) or the name is unknown."""
     found = kind(dataset)
     return found.heterogeneous if found else None
+
+
+def partition_heterogeneous(config: dict) -> bool:
+    """DGL's partition config lists node types; a homogeneous graph has the one type '_N'."""
+    return list(config.get("ntypes", {"_N": 0})) != ["_N"]
+
+
+def task_error(task: str, config: dict, part_config: object) -> str | None:
+    """Why `task` does not run on this partition (config: its json), or None when it does."""
+    hetero = partition_heterogeneous(config)
+    if (task, hetero) in TASKS:
+        return None
+    other = " or ".join(name for name, on_hetero in TASKS if on_hetero == hetero)
+    return (f"{part_config} is a {'heterogeneous' if hetero else 'homogeneous'} graph: --task {task} does not run "
+            f"on it; use --task {other}")

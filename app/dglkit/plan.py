@@ -15,7 +15,7 @@ import sys
 from typing import Any
 
 from dglkit import kinds
-from dglkit.settings import JOB, LAUNCHER, PREFIX, SETTINGS, TRAINER, Setting
+from dglkit.settings import JOB, PREFIX, SETTINGS, TRAINER, Setting
 
 TRUE = {"true", "yes", "on", "1", "y", "t"}
 FALSE = {"false", "no", "off", "0", "n", "f", ""}
@@ -151,16 +151,9 @@ def job_id(s: dict[str, Any], partition: dict[str, str], workers: int) -> str:
     return f"{program}{partition['slug']}-{workers}w-{digest}"
 
 
-def train_args(s: dict[str, Any]) -> list[str]:
-    """The built-in trainer's command line."""
-    pairs = [("--task", s["task"]), ("--num-epochs", s["epochs"]), ("--batch-size", s["batch_size"]),
-             ("--fan-out", ",".join(map(str, s["fan_out"]))), ("--num-layers", s["layers"]),
-             ("--num-hidden", s["hidden"]), ("--dropout", s["dropout"]), ("--lr", s["lr"]),
-             ("--weight-decay", s["weight_decay"]), ("--seed", s["seed"]), ("--sparse-lr", s["sparse_lr"]),
-             ("--num-negs", s["num_negs"]), ("--eval-negs", s["eval_negs"]),
-             ("--checkpoint-every", s["checkpoint_every"])]
-    flags = [f"--{n.replace('_', '-')}" for n in ("graphbolt", "save_embeddings", "save_predictions") if s[n]]
-    return [str(item) for pair in pairs for item in pair] + flags
+def trainer_settings(s: dict[str, Any]) -> dict[str, Any]:
+    """job.json's "train": the kit's trainer reads its settings there (`dglkit train --settings`)."""
+    return {setting.dest: setting.train_value(s[n]) for n, setting in SETTINGS.items() if setting.reader == TRAINER}
 
 
 def launcher_config(s: dict[str, Any], job_dir: str, part_config: str, workers: list[str]) -> dict[str, Any]:
@@ -171,12 +164,12 @@ def launcher_config(s: dict[str, Any], job_dir: str, part_config: str, workers: 
         "server_threads": s["server_threads"], "trainer_threads": s["trainer_threads"] or None,
         "master_port": s["master_port"], "stall_timeout": s["stall_timeout"], "stale_after": s["stale_after"],
         "max_restarts": s["max_restarts"], "restart_wait": s["restart_wait"], "nodes": workers,
-        "train_args": train_args(s),
+        "train": trainer_settings(s), "train_args": ["--settings", f"{job_dir}/job.json"],
     }
     if s["program"]:
         program = s["program"]
         config.update(command=program["command"], program_dir=program["dir"], python_env=program["python_env"],
-                      train_args=[], node_data_names=s["node_data_names"])
+                      train={}, train_args=[], node_data_names=s["node_data_names"])
     return config
 
 

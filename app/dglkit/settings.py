@@ -37,11 +37,26 @@ class Setting:
     sample: str | None = "value"  # job.yml: "value" (set), "comment" (commented out), None (left out)
     example: Any = None  # job.yml's value of a commented-out setting, when not the default
     elements: str = "int"  # of a list
+    flag: str | None = None  # the trainer's option, when not --<name>
     entry: str = "main"  # the role entry point whose argument specs list it
 
     @property
     def var(self) -> str:
         return PREFIX + self.name
+
+    @property
+    def option(self) -> str:
+        """The trainer's command-line option (`dglkit train`)."""
+        return self.flag or "--" + self.name.replace("_", "-")
+
+    @property
+    def dest(self) -> str:
+        """The trainer's name of it: its option's, and its key in job.json's "train"."""
+        return self.option[2:].replace("-", "_")
+
+    def train_value(self, value: Any) -> Any:
+        """As the trainer's option takes it: a list as its comma-separated text."""
+        return ",".join(map(str, value)) if isinstance(value, list) else value
 
 
 @dataclass(frozen=True)
@@ -94,12 +109,12 @@ SECTIONS: list[tuple[Section, list[Setting]]] = [
     ]),
     (Section("Model and training", "Model and training (GraphSAGE as DGL's distributed tutorial, RGCN as its "
              "distributed rgcn example)."), [
-        Setting("epochs", "int", 5, "Training epochs.", TRAINER, JOB),
+        Setting("epochs", "int", 5, "Training epochs.", TRAINER, JOB, flag="--num-epochs"),
         Setting("batch_size", "int", 256, "Seed nodes per mini-batch and trainer.", TRAINER, JOB),
         Setting("fan_out", "list", [10, 25], "Neighbours sampled per layer, one value per layer (-1: all).",
                 TRAINER, JOB),
-        Setting("layers", "int", 2, "GraphSAGE or RGCN layers.", TRAINER, JOB),
-        Setting("hidden", "int", 64, "Hidden units of GraphSAGE or RGCN.", TRAINER, JOB),
+        Setting("layers", "int", 2, "GraphSAGE or RGCN layers.", TRAINER, JOB, flag="--num-layers"),
+        Setting("hidden", "int", 64, "Hidden units of GraphSAGE or RGCN.", TRAINER, JOB, flag="--num-hidden"),
         Setting("dropout", "float", 0.5, "Dropout in [0, 1).", TRAINER, JOB),
         Setting("lr", "float", 0.01, "Adam learning rate.", TRAINER, JOB),
         Setting("weight_decay", "float", 0.0, "L2 penalty (weight decay) of the Adam optimizer.", TRAINER, JOB),

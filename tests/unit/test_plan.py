@@ -38,7 +38,12 @@ def test_ids_and_files_are_the_ones_ansible_derived(case: str) -> None:
     assert out["errors"] == []
     assert (out["job_id"], out["job_dir"]) == (record["job"], record["dir"])
     assert out["settings"] == record["settings"]
-    assert json.dumps(out["config"], indent=4, sort_keys=True) == record["job_json"].rstrip("\n")
+    config, recorded = dict(out["config"]), json.loads(record["job_json"])
+    # The trainer's command line became job.json's "train" (test_the_trainer_reads_what_its_command_line_said).
+    assert config.pop("train_args") == (["--settings", f"{record['dir']}/job.json"] if recorded["train_args"] else [])
+    config.pop("train")
+    recorded.pop("train_args")
+    assert config == recorded
     assert json.dumps(out["run_settings"], indent=4, sort_keys=True) == record["settings_json"].rstrip("\n")
 
 
@@ -132,3 +137,42 @@ def test_the_command_reads_stdin_with_the_standard_library_alone() -> None:
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert out["errors"] == [] and out["settings"]["epochs"] == 7 and out["job_id"].startswith("synthetic-1w-")
+
+
+def test_the_trainer_reads_what_its_command_line_said(tmp_path: Path) -> None:
+    import argparse
+
+    from dglkit import train
+
+    parser = argparse.ArgumentParser()
+    train.add_arguments(parser)
+    required = ["--ip-config", "x", "--part-config", "y"]
+    for case, record in RECORDED.items():
+        train_args = json.loads(record["job_json"])["train_args"]
+        if not train_args:
+            continue
+        out = plan.plan({"settings": {f"dgl_job_{k[8:]}": v for k, v in record["overrides"].items()},
+                         "workers": record["workers"], "partition": {"id": record["partition"], "slug": "s",
+                                                                     "part_config": "p"}})
+        (tmp_path / "job.json").write_text(json.dumps(out["config"]))
+        from_file = parser.parse_args([*required, "--settings", str(tmp_path / "job.json")])
+        # "--fan-out=-1,5": as two words argparse took -1,5 for an option (the command line's old bug).
+        i = train_args.index("--fan-out")
+        train_args[i:i + 2] = [f"--fan-out={train_args[i + 1]}"]
+        assert from_file == parser.parse_args([*required, *train_args]), case
+    # Options after --settings override it, as local runs and tests give them.
+    assert parser.parse_args([*required, "--settings", str(tmp_path / "job.json"), "--lr", "0.5"]).lr == 0.5
+
+
+def test_the_trainer_defaults_are_the_declared_ones() -> None:
+    import argparse
+
+    from dglkit import settings, train
+
+    parser = argparse.ArgumentParser()
+    train.add_arguments(parser)
+    args = parser.parse_args(["--ip-config", "x", "--part-config", "y"])
+    for setting in settings.SETTINGS.values():
+        if setting.reader == settings.TRAINER:
+            assert getattr(args, setting.dest) == setting.train_value(setting.default), setting.name
+    assert set(settings.SETTINGS["task"].choices) == {task for task, _ in train.TASK_MODULES}
