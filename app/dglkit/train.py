@@ -24,7 +24,6 @@ from dglkit import kinds, loop
 from dglkit.common import UserError, check_machine_count, read_partition_config
 from dglkit.settings import SETTINGS, TRAINER
 
-
 # (task, heterogeneous graph?) -> the module that trains it (the table is dglkit.kinds.TASKS): its check(args,
 # config) runs before DGL starts, its Task is what dglkit.loop trains.
 TASK_MODULES = {key: importlib.import_module(f"dglkit.{name}") for key, name in kinds.TASKS.items()}

@@ -1,8 +1,8 @@
 """Dataset kinds and "heterogeneous?": decided by the name where it can be (dglkit plan on the controller), by the
 partition where only the data tell (a files dataset), and refused by `dglkit launch --check` before anything starts."""
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import pytest
