@@ -137,7 +137,7 @@ def check(s: dict[str, Any], given: dict[str, Any]) -> list[str]:
 
 def job_settings(s: dict[str, Any]) -> dict[str, Any]:
     """What makes a job's result, as hashed into its id: node_data_names only when set, so that the ids of jobs
-    without it stay what they were."""
+    without it stay what they were (a setting added later goes in the same way)."""
     return {n: s[n] for n, setting in SETTINGS.items()
             if setting.identity == JOB and (n != "node_data_names" or s[n])}
 

@@ -20,7 +20,8 @@ PREFIX = "dgl_job_"
 # (playbooks/vars/dgl_dataset.yml) or the dgl_job role's tasks themselves.
 TRAINER, LAUNCHER, DATASET, PLAYBOOK = "trainer", "launcher", "dataset", "playbook"
 # What a setting changes: the job id through the hash of the training settings, or through the partition
-# (dataset settings make another dataset or partition id, hence another job id).
+# (dataset settings make another dataset or partition id, hence another job id). A new JOB setting changes
+# every job id (tests/unit/test_plan.py's recorded ids say so): see plan.job_settings for the way around it.
 JOB, PARTITION = "job", "partition"
 
 
