@@ -43,6 +43,7 @@ class SettingsFile(argparse.Action):
             parser.error(f"--settings {path}: unknown settings {unknown}")
         for key, value in train.items():
             setattr(namespace, key, value)
+        setattr(namespace, self.dest, path)
 
 
 # The job settings the trainer reads, declared in dglkit.settings (defaults, types, help).

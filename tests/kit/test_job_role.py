@@ -141,7 +141,7 @@ def test_a_user_program_has_its_own_job_id_and_command_in_job_json(records: dict
     launch.add_arguments(parser)
     cfg = launch.settings(parser.parse_args(["--config", str(config)]))
     assert cfg.command == "python3 train_dist.py --graph_name {graph_name} --ip_config {ip_config}"
-    assert cfg.program_dir == "/srv/dglkit/programs/train_dist-0123456789ab" and cfg.train_args == [] == cfg.train
+    assert cfg.program_dir == "/srv/dglkit/programs/train_dist-0123456789ab" and cfg.train_args == [] and cfg.train == {}
     assert cfg.python_env == "/srv/dglkit/program-envs/train_dist-ba9876543210"
 
 
