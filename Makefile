@@ -18,7 +18,7 @@ LOCK_FLAGS  := --universal --python-version 3.10 --exclude-newer 2024-03-06 \
 	$(foreach p,certifi idna requests urllib3 psutil packaging,--exclude-newer-package $(p)=false) \
 	--excludes app/requirements/node-excluded.txt --generate-hashes --custom-compile-command 'make lock'
 
-.PHONY: deps setup test test-unit test-e2e test-vm demo demo-down lint lock
+.PHONY: deps setup test test-unit test-e2e test-vm demo demo-down lint lock settings
 
 deps:  ## Debian packages the harness needs on this machine
 	apt-get update -qq
@@ -54,6 +54,9 @@ test-e2e: setup
 
 test-vm: setup  ## the whole VM tier, its longest tests included (needs the e2e tier's venv seed)
 	$(VENV)/bin/pytest -m vm tests/vm
+
+settings:  ## the role defaults, argument specs, sample job.yml and docs/settings.md table from app/dglkit/settings.py
+	PYTHONPATH=app $(PYTHON) -m dglkit settings --write
 
 # Needs PyPI. The dry runs check that every locked package has a wheel for each supported Python.
 lock:  ## app/requirements/node.lock (every package, with hashes) from node.in, after changing node.in

@@ -15,6 +15,8 @@ COMMANDS = {
     "watch": ("dglkit.watch", "report the state of a running job across all nodes"),
     "report": ("dglkit.report", "summarise a finished job: summary and training curves"),
     "pack": ("dglkit.pack", "a job directory's regular files as one tar archive (links and FIFOs left out)"),
+    "settings": ("dglkit.settings", "write the files generated from the job settings' declaration (--write)"),
+    "plan": ("dglkit.plan", "check a job's settings and derive its id and files (the controller, JSON on stdin)"),
 }
 
 

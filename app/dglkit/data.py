@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from dglkit import hetero
+from dglkit import hetero, kinds
 from dglkit.common import UserError, digest, emit_result, peak_rss_mb, read_csv, read_json, write_json
 from dglkit.resources import MEMORY_HELP, check_fits, memory_estimate
 
@@ -197,7 +197,11 @@ def check_arguments(args: argparse.Namespace) -> tuple[str, dict[str, Any], dict
     edges = {"val": args.val_edges_frac, "test": args.test_edges_frac}
     if min(edges.values()) < 0 or sum(edges.values()) >= 1:
         raise UserError(f"--val-edges-frac and --test-edges-frac {edges} must be >= 0 with a sum < 1")
-    if args.dataset == "synthetic":
+    kind = kinds.kind(args.dataset)
+    if kind is None:
+        raise UserError(f"--dataset {args.dataset!r}: use synthetic, synthetic-hetero, files or an ogbn-* name "
+                        "(e.g. ogbn-products, ogbn-mag)")
+    if kind == kinds.SYNTHETIC:
         if args.num_nodes < 2 or args.num_classes < 2 or args.feat_dim < 1:
             raise UserError("--num-nodes and --num-classes must be >= 2 and --feat-dim >= 1")
         if not 0 < args.avg_degree < args.num_nodes - 1:
@@ -209,7 +213,7 @@ def check_arguments(args: argparse.Namespace) -> tuple[str, dict[str, Any], dict
         graph = {key: getattr(args, key) for key in (
             "num_nodes", "avg_degree", "num_classes", "feat_dim", "num_communities", "homophily", "label_noise")}
         return "synthetic", {"graph": graph, "split": split}, {}
-    if args.dataset == "synthetic-hetero":
+    if kind == kinds.SYNTHETIC_HETERO:
         if args.num_nodes < 2 * args.num_classes or args.num_classes < 2 or args.feat_dim < 1:
             raise UserError("synthetic-hetero: --num-classes must be >= 2, --num-nodes (papers) >= 2 x classes "
                             "and --feat-dim >= 1")
@@ -217,7 +221,7 @@ def check_arguments(args: argparse.Namespace) -> tuple[str, dict[str, Any], dict
             raise UserError("--homophily and --label-noise are fractions between 0 and 1")
         graph = {key: getattr(args, key) for key in ("num_nodes", "num_classes", "feat_dim", "homophily", "label_noise")}
         return "synthetic-hetero", {"graph": graph, "split": split}, {}
-    if args.dataset == "files":
+    if kind == kinds.FILES:
         if args.path is None or not args.path.exists():
             raise UserError(f"--dataset files needs --path to an .npz file or a directory; got {args.path}")
         files = [args.path] if args.path.is_file() else sorted(p for p in args.path.iterdir() if p.is_file())
@@ -227,13 +231,10 @@ def check_arguments(args: argparse.Namespace) -> tuple[str, dict[str, Any], dict
             stats = {str(p.relative_to(args.path)): [p.stat().st_size, p.stat().st_mtime_ns] for p in files}
         params = {"split": split, "add_reverse_edges": args.add_reverse_edges}
         return "files", params, {"path": str(args.path.resolve()), "files": stats}
-    if args.dataset.startswith("ogbn-"):
-        meta = ogb_meta(args.dataset)
-        return "ogb", {"add_reverse_edges": args.add_reverse_edges}, {
-            "dir": str(find_ogb_dir(args.dataset, meta, args.data_root, args.allow_download)),
-            "release": meta["version"]}
-    raise UserError(f"--dataset {args.dataset!r}: use synthetic, synthetic-hetero, files or an ogbn-* name "
-                    "(e.g. ogbn-products, ogbn-mag)")
+    meta = ogb_meta(args.dataset)
+    return "ogb", {"add_reverse_edges": args.add_reverse_edges}, {
+        "dir": str(find_ogb_dir(args.dataset, meta, args.data_root, args.allow_download)),
+        "release": meta["version"]}
 
 
 def synthetic(rng: np.random.Generator, num_nodes: int, avg_degree: float, num_classes: int, feat_dim: int,

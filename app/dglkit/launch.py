@@ -32,7 +32,7 @@ from typing import Any, TextIO
 
 import psutil
 
-from dglkit import nodedata
+from dglkit import kinds, nodedata
 from dglkit.blame import is_victim, progress, repeats
 from dglkit.common import UserError, check_machine_count, emit_result, read_json, read_partition_config, shared_fs_now, write_json
 
@@ -62,6 +62,8 @@ DEFAULTS: dict[str, Any] = {
     "program_dir": None,
     "python_env": None,
     "node_data_names": {},
+    # The kit's trainer's settings (`dglkit train --settings <this file>` reads them; no flag).
+    "train": {},
     "train_args": [],
 }
 # What a command may name in braces; everything else in braces is refused (`${VAR}` is the shell's).
@@ -151,7 +153,7 @@ def settings(args: argparse.Namespace) -> argparse.Namespace:
         if unknown:
             raise UserError(f"{args.config}: unknown keys {unknown}; valid keys are {sorted(DEFAULTS)}")
         config.setdefault("job_dir", str(Path(args.config).resolve().parent))
-    flags = {key: getattr(args, key) for key in DEFAULTS}
+    flags = {key: getattr(args, key, None) for key in DEFAULTS}
     if flags["train_args"] and flags["train_args"][0] == "--":
         flags["train_args"] = flags["train_args"][1:]
     merged = {key: flags[key] if flags[key] not in (None, []) else config.get(key, default)
@@ -222,7 +224,13 @@ def preflight(cfg: argparse.Namespace) -> dict:
             raise UserError(f"ip_config {ip_config} not found")
         machines = read_ip_config(ip_config)
     part_config = Path(cfg.part_config).resolve()
-    check_machine_count(part_config, read_partition_config(part_config)["num_parts"], ip_config, len(machines))
+    partition = read_partition_config(part_config)
+    check_machine_count(part_config, partition["num_parts"], ip_config, len(machines))
+    # Whether the graph is heterogeneous only the partition tells (a files dataset): refused here, on every
+    # node, before anything starts.
+    task_error = kinds.task_error(cfg.train["task"], partition, part_config) if "task" in cfg.train else None
+    if task_error and not cfg.command:
+        raise UserError(task_error)
 
     interfaces = local_interfaces()
     if cfg.machine_id is not None:

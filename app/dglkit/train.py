@@ -8,6 +8,8 @@ validation epoch), result.json and, on request, embeddings / predictions in orig
 """
 
 import argparse
+import importlib
+import json
 import os
 import random
 import sys
@@ -18,49 +20,52 @@ import dgl
 import numpy as np
 import torch
 
-from dglkit import linkpred, loop, rgcn, sage
+from dglkit import kinds, loop
 from dglkit.common import UserError, check_machine_count, read_partition_config
+from dglkit.settings import SETTINGS, TRAINER
 
-# (task, heterogeneous graph?) -> the module that trains it: its check(args, config) runs before DGL starts,
-# its Task is what dglkit.loop trains.
-TASK_MODULES = {
-    ("node_classification", False): sage,
-    ("node_classification", True): rgcn,
-    ("link_prediction", False): linkpred,
-}
-TASKS = sorted({task for task, _ in TASK_MODULES})
+# (task, heterogeneous graph?) -> the module that trains it (the table is dglkit.kinds.TASKS): its check(args,
+# config) runs before DGL starts, its Task is what dglkit.loop trains.
+TASK_MODULES = {key: importlib.import_module(f"dglkit.{name}") for key, name in kinds.TASKS.items()}
+
+
+class SettingsFile(argparse.Action):
+    """--settings FILE: the declared training settings from FILE's "train" (job.json), as if given where
+    --settings stands (options after it override them)."""
+
+    def __call__(self, parser, namespace, path, option_string=None) -> None:
+        try:
+            train = json.loads(Path(path).read_text())["train"]
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            parser.error(f"--settings {path}: no job settings ({error!r})")
+        unknown = sorted(set(train) - {s.dest for s in TRAINER_SETTINGS})
+        if unknown:
+            parser.error(f"--settings {path}: unknown settings {unknown}")
+        for key, value in train.items():
+            setattr(namespace, key, value)
+        setattr(namespace, self.dest, path)
+
+
+# The job settings the trainer reads, declared in dglkit.settings (defaults, types, help).
+TRAINER_SETTINGS = [s for s in SETTINGS.values() if s.reader == TRAINER]
+TYPES = {"int": int, "float": float, "str": str, "list": str}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ip-config", required=True, help="DGL ip_config file: one '<address> <port>' per machine")
     parser.add_argument("--part-config", required=True, help="partition json written by `dglkit partition`")
     parser.add_argument("--out-dir", default=".", help="where rank 0 writes metrics, model and outputs")
-    parser.add_argument("--graphbolt", action="store_true", help="sample with GraphBolt (partition must have it)")
-    parser.add_argument("--task", choices=TASKS, default="node_classification",
-                        help="node_classification (GraphSAGE, or RGCN on a heterogeneous graph) or link_prediction")
-    parser.add_argument("--num-layers", type=int, default=2)
-    parser.add_argument("--num-hidden", type=int, default=16)
-    parser.add_argument("--dropout", type=float, default=0.5)
-    parser.add_argument("--fan-out", default="10,25", help="neighbours sampled per layer, comma separated")
-    parser.add_argument("--batch-size", type=int, default=1000)
+    parser.add_argument("--settings", action=SettingsFile, metavar="JOB_JSON",
+                        help="the training settings from a job.json's \"train\" (options after it override them)")
+    for setting in TRAINER_SETTINGS:
+        if setting.type == "bool":
+            parser.add_argument(setting.option, action="store_true", help=setting.help)
+        else:
+            parser.add_argument(setting.option, type=TYPES[setting.type], default=setting.train_value(setting.default),
+                                choices=setting.choices or None, help=setting.help)
     parser.add_argument("--eval-batch-size", type=int, default=10000)
-    parser.add_argument("--num-epochs", type=int, default=10)
-    parser.add_argument("--lr", type=float, default=0.003)
-    parser.add_argument("--weight-decay", type=float, default=0.0, help="L2 penalty of the Adam optimizer")
-    parser.add_argument("--seed", type=int, help="seed of torch, numpy, random and DGL's samplers "
-                        "(servers and trainers); default: not seeded")
-    parser.add_argument("--sparse-lr", type=float, default=0.01,
-                        help="RGCN: learning rate of the learnt embeddings of featureless node types")
-    parser.add_argument("--num-negs", type=int, default=5, help="link prediction: negatives per positive edge")
-    parser.add_argument("--eval-negs", type=int, default=100,
-                        help="link prediction: negatives each held-out edge is ranked against (MRR, hits@k)")
     parser.add_argument("--log-every", type=int, default=20, help="progress line every N steps")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    parser.add_argument("--save-embeddings", action="store_true", help="write embeddings.npy (all nodes)")
-    parser.add_argument("--save-predictions", action="store_true", help="write predictions.npy (all nodes)")
-    parser.add_argument("--checkpoint-every", type=int, default=1,
-                        help="write <out-dir>/checkpoint.pt every N epochs and after the last; a run that finds "
-                        "one resumes from it (0: never)")
 
 
 def check_inputs(args: argparse.Namespace) -> dict:
@@ -85,19 +90,12 @@ def check_inputs(args: argparse.Namespace) -> dict:
     return config
 
 
-def is_heterogeneous(config: dict) -> bool:
-    """DGL's partition config lists node types; a homogeneous graph has the one type '_N'."""
-    return list(config.get("ntypes", {"_N": 0})) != ["_N"]
-
-
 def task_module(args: argparse.Namespace, config: dict) -> ModuleType:
     """The module that trains --task on this partition, or a UserError naming the tasks that run on it."""
-    hetero = is_heterogeneous(config)
-    if (args.task, hetero) not in TASK_MODULES:
-        other = " or ".join(task for task, on_hetero in TASK_MODULES if on_hetero == hetero)
-        raise UserError(f"{args.part_config} is a {'heterogeneous' if hetero else 'homogeneous'} graph: --task "
-                        f"{args.task} does not run on it; use --task {other}")
-    return TASK_MODULES[(args.task, hetero)]
+    error = kinds.task_error(args.task, config, args.part_config)
+    if error:
+        raise UserError(error)
+    return TASK_MODULES[(args.task, kinds.partition_heterogeneous(config))]
 
 
 def seed_everything(seed: int | None) -> None:

@@ -88,7 +88,7 @@ def test_the_partition_builder_gives_its_own_partition_and_job(records: dict) ->
 def test_link_prediction_gets_a_dataset_of_its_own(records: dict) -> None:
     defaults, links = ids(records, "defaults"), ids(records, "link-prediction")
     assert links["dataset"] != defaults["dataset"] and links["job"] != defaults["job"]
-    assert links["job_json"]["train_args"][:2] == ["--task", "link_prediction"]
+    assert links["job_json"]["train"]["task"] == "link_prediction"
 
 
 def test_an_added_worker_gives_a_new_partition_and_job(records: dict) -> None:
@@ -118,15 +118,16 @@ def test_job_json_is_what_the_launcher_and_trainer_accept(records: dict, tmp_pat
     assert cfg.part_config == f"/srv/dglkit/partitions/{defaults['partition']}/synthetic.json"
     assert (cfg.num_servers, cfg.num_trainers, cfg.num_samplers, cfg.master_port) == (1, 1, 0, 29500)
     assert cfg.trainer_threads >= 1  # 0 in the settings: the launcher picks
+    # The trainer reads its settings from job.json itself (the file at the job directory on the nodes).
+    assert cfg.train_args == ["--settings", f"{defaults['dir']}/job.json"]
     parser = argparse.ArgumentParser()
     train.add_arguments(parser)
-    args = parser.parse_args(["--ip-config", "x", "--part-config", "y", *cfg.train_args])
+    args = parser.parse_args(["--ip-config", "x", "--part-config", "y", "--settings", str(config)])
     assert (args.num_epochs, args.fan_out, args.num_layers, args.num_hidden) == (5, "10,25", 2, 64)
     assert (args.lr, args.dropout, args.graphbolt, args.save_embeddings) == (0.01, 0.5, False, False)
     assert (args.task, args.weight_decay, args.seed, args.sparse_lr) == ("node_classification", 0.0, 0, 0.01)
-    assert (args.num_negs, args.eval_negs) == (5, 100)
-    graphbolt = ids(records, "graphbolt")["job_json"]["train_args"]
-    assert "--graphbolt" in graphbolt and "--graphbolt" not in cfg.train_args
+    assert (args.num_negs, args.eval_negs, args.checkpoint_every) == (5, 100, 1)
+    assert ids(records, "graphbolt")["job_json"]["train"]["graphbolt"] is True and not args.graphbolt
 
 
 def test_a_user_program_has_its_own_job_id_and_command_in_job_json(records: dict, tmp_path: Path) -> None:
@@ -140,7 +141,7 @@ def test_a_user_program_has_its_own_job_id_and_command_in_job_json(records: dict
     launch.add_arguments(parser)
     cfg = launch.settings(parser.parse_args(["--config", str(config)]))
     assert cfg.command == "python3 train_dist.py --graph_name {graph_name} --ip_config {ip_config}"
-    assert cfg.program_dir == "/srv/dglkit/programs/train_dist-0123456789ab" and cfg.train_args == []
+    assert cfg.program_dir == "/srv/dglkit/programs/train_dist-0123456789ab" and cfg.train_args == [] and cfg.train == {}
     assert cfg.python_env == "/srv/dglkit/program-envs/train_dist-ba9876543210"
 
 

@@ -1,0 +1,199 @@
+"""`dglkit plan`: the job's settings checked, its id derived and its files' content, before anything changes.
+
+Standard library only: roles/dgl_job runs it once on the controller with Ansible's Python. It reads one JSON
+object on stdin, {"settings": {"dgl_job_<name>": value, ...}, "workers": [...], "partition": {"id", "slug",
+"part_config"}}, and prints one: {"errors": [...], "settings", "run_settings", "job_id", "job_dir", "config"}.
+With errors, the rest is left out. Ids are pure functions of the settings and the partition: a re-run finds
+what an earlier run made.
+"""
+
+import argparse
+import hashlib
+import json
+import re
+import sys
+from typing import Any
+
+from dglkit import kinds
+from dglkit.settings import JOB, PREFIX, SETTINGS, TRAINER, Setting
+
+TRUE = {"true", "yes", "on", "1", "y", "t"}
+FALSE = {"false", "no", "off", "0", "n", "f", ""}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = __doc__.split("\n\n")[0]
+
+
+def coerce(setting: Setting, value: Any) -> Any:
+    """The value as its declared type, as Ansible's argument specs accept it (-e gives strings); ValueError."""
+    kind = setting.type
+    if kind == "int":
+        if isinstance(value, bool) or isinstance(value, float) and not value.is_integer():
+            raise ValueError
+        return int(value.strip() if isinstance(value, str) else value)
+    if kind == "float":
+        if isinstance(value, bool):
+            raise ValueError
+        return float(value)
+    if kind == "bool":
+        if isinstance(value, bool):
+            return value
+        text = str(value).strip().lower()
+        if text not in TRUE | FALSE:
+            raise ValueError
+        return text in TRUE
+    if kind == "list":
+        items = value.split(",") if isinstance(value, str) else value
+        if not isinstance(items, list):
+            raise ValueError
+        return [int(item) for item in items] if setting.name == "fan_out" else items
+    if kind == "dict":
+        if not isinstance(value, dict):
+            raise ValueError
+        return value
+    return "" if value is None else str(value)
+
+
+def typed(given: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """Every declared setting by short name, the given value coerced, else the default."""
+    values, errors = {}, []
+    for setting in SETTINGS.values():
+        value = given.get(setting.var, setting.default)
+        try:
+            values[setting.name] = coerce(setting, value)
+        except (TypeError, ValueError):
+            errors.append(f"{setting.var}={text(value)}: use a value of type {setting.type}")
+            continue
+        if setting.choices and values[setting.name] not in setting.choices:
+            errors.append(f"value of {setting.var} must be one of: {', '.join(setting.choices)}, got: {text(value)}")
+    return values, errors
+
+
+def text(value: Any) -> str:
+    """A value as Jinja prints it in a message."""
+    return value if isinstance(value, str) else json.dumps(value) if isinstance(value, dict) else str(value)
+
+
+def check(s: dict[str, Any], given: dict[str, Any]) -> list[str]:
+    """The job settings' rules, in the order their messages are joined."""
+    def raw(name: str) -> str:
+        return text(given.get(PREFIX + name, SETTINGS[name].default))
+
+    dataset, task = s["dataset"], s["task"]
+    hetero = kinds.heterogeneous(dataset)
+    below_one = [PREFIX + n for n in ("epochs", "batch_size", "hidden", "layers", "servers", "trainers") if s[n] < 1]
+    negative = [PREFIX + n for n in ("samplers", "server_threads", "trainer_threads") if s[n] < 0]
+    job_id = s["id"]
+    names = s["node_data_names"]
+    rules = [
+        (kinds.kind(dataset) is None,
+         f"dgl_job_dataset={dataset}: use synthetic, synthetic-hetero, files or an ogbn-* name such as ogbn-products or "
+         "ogbn-mag"),
+        (task == "link_prediction" and hetero is True,
+         f"dgl_job_task=link_prediction runs on homogeneous graphs; {dataset} is heterogeneous (use "
+         "dgl_job_task=node_classification, which trains RGCN on it)"),
+        (s["graphbolt"] and hetero is True,
+         "dgl_job_graphbolt=true: the RGCN trainer of heterogeneous graphs samples with DGL's own sampler"),
+        (s["weight_decay"] < 0 or s["sparse_lr"] <= 0, "dgl_job_weight_decay must be >= 0 and dgl_job_sparse_lr > 0"),
+        (s["num_negs"] < 1 or s["eval_negs"] < 1, "dgl_job_num_negs and dgl_job_eval_negs must be >= 1"),
+        (task == "link_prediction" and not (s["link_val_frac"] > 0 and s["link_test_frac"] > 0
+                                            and s["link_val_frac"] + s["link_test_frac"] < 1),
+         "dgl_job_link_val_frac and dgl_job_link_test_frac must be > 0 with a sum < 1"),
+        (dataset == "files" and not s["files_path"],
+         "dgl_job_dataset=files needs dgl_job_files_path (a .npz file or a directory on the storage host)"),
+        (bool(job_id) and not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", job_id),
+         f"dgl_job_id={job_id}: " + ("'.' and '..' are not names" if job_id in (".", "..") else
+                                     "use letters, digits, ., _ and - only, starting with a letter or digit")
+         + " (it names a directory)"),
+        (len(s["fan_out"]) != s["layers"],
+         f"dgl_job_fan_out={','.join(map(str, s['fan_out']))} needs {s['layers']} values, one per layer (dgl_job_layers)"),
+        (any(f < 1 and f != -1 for f in s["fan_out"]),
+         f"dgl_job_fan_out={','.join(map(str, s['fan_out']))}: use values >= 1, or -1 for all neighbours"),
+        (bool(below_one), f"{', '.join(below_one)} must be >= 1"),
+        (bool(negative), f"{', '.join(negative)} must be >= 0"),
+        (not 0 <= s["dropout"] < 1, f"dgl_job_dropout={raw('dropout')}: use a value in [0, 1)"),
+        (s["lr"] <= 0, f"dgl_job_lr={raw('lr')}: use a positive learning rate"),
+        (s["stall_timeout"] < 10 or s["stale_after"] < 10 or s["poll_seconds"] < 1,
+         "dgl_job_stall_timeout and dgl_job_stale_after must be >= 10 and dgl_job_poll_seconds >= 1"),
+        (s["max_restarts"] < 0 or s["checkpoint_every"] < 0 or s["restart_wait"] < 10,
+         "dgl_job_max_restarts and dgl_job_checkpoint_every must be >= 0 and dgl_job_restart_wait >= 10"),
+        (not re.fullmatch(r"([1-9][0-9]*[KMGT]?|([1-9][0-9]?|100)%|infinity)?", s["memory_max"]),
+         f"dgl_job_memory_max={raw('memory_max')}: use bytes with K, M, G or T (e.g. 48G), a percentage of the node's "
+         "memory (80%), or empty"),
+        (not re.fullmatch(r"([1-9][0-9]*%)?", s["cpu_quota"]),
+         f"dgl_job_cpu_quota={raw('cpu_quota')}: use a percentage of one core (400% = four cores), or empty"),
+        (bool(names) and not s["program"],
+         "dgl_job_node_data_names names node data for your own program: set dgl_program_dir and dgl_program_command "
+         "too (the kit's trainer reads the kit's names)"),
+        (any(not isinstance(v, (str, dict)) for v in names.values()),
+         f"dgl_job_node_data_names={text(names)}: map a node data name to the name your program reads "
+         "({feat: features}), or a node type to such a mapping ({paper: {feat: features}})"),
+        (s["server_port"] <= s["master_port"] < s["server_port"] + s["servers"],
+         f"dgl_job_master_port={raw('master_port')} collides with the DGL server ports: pick another port"),
+    ]
+    return [message for bad, message in rules if bad]
+
+
+def job_settings(s: dict[str, Any]) -> dict[str, Any]:
+    """What makes a job's result, as hashed into its id: node_data_names only when set, so that the ids of jobs
+    without it stay what they were (a setting added later goes in the same way)."""
+    return {n: s[n] for n, setting in SETTINGS.items()
+            if setting.identity == JOB and (n != "node_data_names" or s[n])}
+
+
+def job_id(s: dict[str, Any], partition: dict[str, str], workers: int) -> str:
+    if s["id"]:
+        return str(s["id"])
+    digest = hashlib.sha1(json.dumps({"partition": partition["id"], "settings": job_settings(s)},
+                                     sort_keys=True).encode()).hexdigest()[:10]
+    program = re.sub(r"-[0-9a-f]+$", "-", s["program"]["id"]) if s["program"] else ""
+    return f"{program}{partition['slug']}-{workers}w-{digest}"
+
+
+def trainer_settings(s: dict[str, Any]) -> dict[str, Any]:
+    """job.json's "train": the kit's trainer reads its settings there (`dglkit train --settings`)."""
+    return {setting.dest: setting.train_value(s[n]) for n, setting in SETTINGS.items() if setting.reader == TRAINER}
+
+
+def launcher_config(s: dict[str, Any], job_dir: str, part_config: str, workers: list[str]) -> dict[str, Any]:
+    """job.json: `dglkit launch --config`, whose keys are launch's long flag names."""
+    config = {
+        "job_dir": job_dir, "ip_config": f"{s['workspace']}/ip_config.txt", "part_config": part_config,
+        "num_servers": s["servers"], "num_trainers": s["trainers"], "num_samplers": s["samplers"],
+        "server_threads": s["server_threads"], "trainer_threads": s["trainer_threads"] or None,
+        "master_port": s["master_port"], "stall_timeout": s["stall_timeout"], "stale_after": s["stale_after"],
+        "max_restarts": s["max_restarts"], "restart_wait": s["restart_wait"], "nodes": workers,
+        "train": trainer_settings(s), "train_args": ["--settings", f"{job_dir}/job.json"],
+    }
+    if s["program"]:
+        program = s["program"]
+        config.update(command=program["command"], program_dir=program["dir"], python_env=program["python_env"],
+                      train={}, train_args=[], node_data_names=s["node_data_names"])
+    return config
+
+
+def plan(request: dict[str, Any]) -> dict[str, Any]:
+    given, workers, partition = request["settings"], request["workers"], request["partition"]
+    s, errors = typed(given)
+    if errors:
+        return {"errors": errors}
+    errors = check(s, given)
+    if errors:
+        return {"errors": errors}
+    job = job_id(s, partition, len(workers))
+    job_dir = f"{s['workspace']}/jobs/{job}"
+    settings = job_settings(s)
+    return {
+        "errors": [],
+        "settings": settings,
+        "run_settings": {**settings, "partition": partition["id"]},
+        "job_id": job,
+        "job_dir": job_dir,
+        "config": launcher_config(s, job_dir, partition["part_config"], workers),
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    print(json.dumps(plan(json.load(sys.stdin)), sort_keys=True))
+    return 0
