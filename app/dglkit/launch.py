@@ -143,7 +143,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def settings(args: argparse.Namespace) -> argparse.Namespace:
     """Flags over job.json over defaults."""
-    config = {}
+    config: dict[str, Any] = {}
     if args.config:
         try:
             config = json.loads(Path(args.config).read_text())
@@ -153,7 +153,7 @@ def settings(args: argparse.Namespace) -> argparse.Namespace:
         if unknown:
             raise UserError(f"{args.config}: unknown keys {unknown}; valid keys are {sorted(DEFAULTS)}")
         config.setdefault("job_dir", str(Path(args.config).resolve().parent))
-    flags = {key: getattr(args, key, None) for key in DEFAULTS}
+    flags: dict[str, Any] = {key: getattr(args, key, None) for key in DEFAULTS}
     if flags["train_args"] and flags["train_args"][0] == "--":
         flags["train_args"] = flags["train_args"][1:]
     merged = {key: flags[key] if flags[key] not in (None, []) else config.get(key, default)
