@@ -12,6 +12,11 @@ bench/results/linkpred.jsonl.
 
     .venv/bin/python bench/linkpred.py --runs 2 --base 5680585
     .venv/bin/python bench/linkpred.py --quick
+    .venv/bin/python bench/linkpred.py --work --nodes 100000
+
+`--work` runs no job: on this machine, per training edge, what a batch of each sampling setting samples (seed
+nodes, input nodes whose features are read, sampled edges), DGL's Uniform(k) negatives against the kit's pool.
+Counts, not times: the shared machine's load does not move them.
 """
 
 import argparse
@@ -22,6 +27,8 @@ import shlex
 import shutil
 import statistics
 import subprocess
+import sys
+import tempfile
 import time
 
 import benchlib
@@ -39,6 +46,9 @@ CONFIGS = {
     # The kit with the example's settings: like with like.
     "kit-as-example": (KIT_COMMAND, {"--batch-size": "1000", "--fan-out": "10,25", "--num-negs": "1",
                                      "--num-hidden": "32", "--lr": "0.003", "--seed": "0"}),
+    # The kit with dgl_job's defaults but the example's batch size: the batch size is the lever (BENCHMARKS.md).
+    "kit-batch1000": (KIT_COMMAND, {"--batch-size": "1000", "--fan-out": "10,25", "--num-negs": "5",
+                                    "--num-hidden": "64", "--lr": "0.01", "--eval-negs": "100", "--seed": "0"}),
     # The kit with dgl_job's defaults (roles/dgl_job/defaults/main.yml).
     "kit-defaults": (KIT_COMMAND, {"--batch-size": "256", "--fan-out": "10,25", "--num-negs": "5",
                                    "--num-hidden": "64", "--lr": "0.01", "--eval-negs": "100", "--seed": "0"}),
@@ -56,12 +66,17 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=2, help="epochs per job (%(default)s)")
     parser.add_argument("--runs", type=int, default=2, help="jobs per configuration")
     parser.add_argument("--configs", default=",".join(CONFIGS), help="comma list of " + ", ".join(CONFIGS))
-    parser.add_argument("--base", help="git revision whose kit trainer runs too (kit configurations), labelled with it")
+    parser.add_argument("--base", help="git revision whose kit trainer runs too (configurations with several "
+                        "negatives per edge), labelled with it")
     parser.add_argument("--timeout", type=float, default=1800, help="longest a job may take")
     parser.add_argument("--keep-cluster", action="store_true", help="leave the cluster running afterwards")
+    parser.add_argument("--work", action="store_true", help="only count what batches sample, on this machine")
     benchlib.add_common_arguments(parser, "5k nodes, 1 epoch, 1 run")
     args = benchlib.parse(parser, "linkpred", print_table)
     if args is None:
+        return
+    if args.work:
+        print_work(args.nodes, args.degree)
         return
     if args.quick:
         args.nodes, args.epochs, args.runs = 5000, 1, 1
@@ -73,8 +88,10 @@ def main() -> None:
         if args.base:
             codes["base"] = ship_revision(cluster, args.base)
             revisions["base"] = args.base
+        # The base runs where the code changed what a batch samples: several negatives per edge.
         jobs = [(name, code) for name in args.configs.split(",")
-                for code in (["example"] if name == "example" else [c for c in codes if c != "example"])]
+                for code in (["example"] if name == "example" else
+                             ["kit", "base"] if "base" in codes and CONFIGS[name][1]["--num-negs"] != "1" else ["kit"])]
         rows = []
         for run in range(args.runs):
             for name, code in jobs:
@@ -170,6 +187,36 @@ def example_figures(job: "os.PathLike") -> dict:
             "edges_per_s": [round(train_edges / t) for t in epoch_times] if train_edges else [],
             "train_edges": train_edges, "eval_time_s": [], "metric": "test_acc (logistic regression)",
             "value": float(accuracy.group(1)) if accuracy else None}
+
+
+def print_work(nodes: int, degree: float, batches: int = 20) -> None:
+    sys.path.insert(0, str(benchlib.REPO / "app"))
+    import dgl
+    import torch
+
+    from dglkit.linkpred import PooledUniform
+
+    with tempfile.TemporaryDirectory(prefix="dglkit-linkpred-") as tmp:
+        subprocess.run([benchlib.PYTHON, "-m", "dglkit", "prepare", "--dataset", "synthetic", "--out", tmp,
+                        "--num-nodes", str(nodes), "--avg-degree", str(degree), "--val-edges-frac", "0.05",
+                        "--test-edges-frac", "0.05"], env=benchlib.APP_ENV, check=True, capture_output=True)
+        g = dgl.load_graphs(f"{tmp}/graph.dgl")[0][0]
+    torch.manual_seed(0)
+    rows = []
+    for batch in (1000, 256):
+        for negs in (1, 5):
+            for name, negatives in (("DGL Uniform", dgl.dataloading.negative_sampler.Uniform(negs)),
+                                    ("kit pool", PooledUniform(negs))):
+                sampler = dgl.dataloading.as_edge_prediction_sampler(dgl.dataloading.NeighborSampler([10, 25]),
+                                                                     negative_sampler=negatives)
+                eids = torch.randperm(g.num_edges())[:batch * batches]
+                counts = torch.zeros(3)
+                for input_nodes, _, _, blocks in dgl.dataloading.DataLoader(g, eids, sampler, batch_size=batch):
+                    counts += torch.tensor([blocks[-1].num_dst_nodes(), len(input_nodes),
+                                            sum(block.num_edges() for block in blocks)])
+                rows.append([batch, negs, name, *(f"{x:.1f}" for x in (counts / len(eids)).tolist())])
+    print(f"{nodes} nodes, {g.num_edges()} edges; fan-out 10,25; per training edge, over {batches} batches:")
+    print(benchlib.table(["batch", "negs", "negatives", "seed nodes", "input nodes", "sampled edges"], rows))
 
 
 def print_table(rows: list[dict]) -> None:
