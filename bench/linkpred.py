@@ -177,7 +177,7 @@ def example_figures(job: "os.PathLike") -> dict:
     """The example prints each trainer's epoch time and, on rank 0, its node counts and test accuracy."""
     logs = "\n".join(path.read_text(errors="replace") for path in sorted(job.glob("nodes/*/torchrun.log")))
     times: dict[int, float] = {}
-    for rank, epoch, seconds in EPOCH_LINE.findall(logs):
+    for _rank, epoch, seconds in EPOCH_LINE.findall(logs):
         times[int(epoch)] = max(times.get(int(epoch), 0.0), float(seconds))
     edges = re.search(r"rank \d+: \d+ nodes, (\d+) edges", logs)
     accuracy = re.search(r"eval acc [0-9.]+; test acc ([0-9.]+)", logs)
