@@ -100,7 +100,7 @@ class Task:
         # Both directions of a batch's edges leave its neighbourhoods: the model cannot learn to look them up.
         self.loader = dgl.dataloading.DistEdgeDataLoader(
             g, train_eids, self.sampler, exclude="reverse_id", reverse_eids=reverse_edge_ids(args.part_config),
-            negative_sampler=dgl.dataloading.negative_sampler.Uniform(args.num_negs),
+            negative_sampler=PooledUniform(args.num_negs),
             batch_size=args.batch_size, shuffle=True, drop_last=False)
 
     def step(self, batch: tuple) -> tuple[float, int, int]:
@@ -129,6 +129,18 @@ class Task:
 
     def describe(self) -> dict[str, Any]:
         return {"in_feats": self.in_feats, "eval_negs": self.args.eval_negs, "graph_name": self.graph_name}
+
+
+class PooledUniform(dgl.dataloading.negative_sampler.PerSourceUniform):
+    """k negatives (u, v') for each edge (u, v), as DGL's Uniform(k), with the v' of a batch drawn from one pool
+    of as many uniformly random nodes as the batch has edges. A batch's cost is the neighbourhoods it samples:
+    with the pool it samples len(eids) negative nodes where Uniform(k) samples k * len(eids), so k negatives
+    cost what DGL's one does."""
+
+    def _generate(self, g, eids, canonical_etype):
+        src, _ = g.find_edges(eids, etype=canonical_etype)
+        pool = torch.randint(0, g.num_nodes(canonical_etype[2]), (len(eids),))
+        return src.repeat_interleave(self.k), pool[torch.randint(0, len(pool), (len(eids) * self.k,))]
 
 
 class LinkPredictor(nn.Module):

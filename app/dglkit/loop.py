@@ -66,8 +66,10 @@ def fit(args: argparse.Namespace, task: Task) -> None:
 
     for epoch in range(first_epoch, args.num_epochs):
         record = train_epoch(args, task, epoch, rank, world)
+        start = time.time()
         val = task.evaluate("val")
         test = task.evaluate("test") if task.tests_every_epoch else {}
+        record["eval_time"] = time.time() - start
         record.update({f"val_{key}": value for key, value in val.items()})
         record.update({f"test_{key}": value for key, value in test.items()})
         record["time"] = time.time()

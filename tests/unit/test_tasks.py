@@ -8,6 +8,7 @@ from pathlib import Path
 import dgl
 import numpy as np
 import pytest
+import torch
 
 from localjob import build, kill_trainer_after, start_local_job
 
@@ -202,6 +203,17 @@ def test_link_prediction_resumes_from_its_checkpoint_after_a_trainer_is_killed(l
     assert_resumed(job_dir, metrics, 4, 2)
     uninterrupted = link_job[1][-1]["best_test_mrr"]
     assert metrics[-1]["best_test_mrr"] > max(2 * RANDOM_RANKER_MRR, 0.8 * uninterrupted), (metrics[-1], uninterrupted)
+
+
+def test_link_prediction_draws_a_batchs_negatives_from_one_pool_as_large_as_the_batch():
+    from dglkit.linkpred import PooledUniform
+
+    g = dgl.rand_graph(1_000_000, 5000)  # so many nodes that 5 independent draws per edge would hardly repeat
+    eids = torch.arange(200)
+    src, dst = PooledUniform(5)(g, eids)
+    assert torch.equal(src, g.find_edges(eids)[0].repeat_interleave(5))
+    # Negative nodes are what the batch samples neighbourhoods for: one per edge, not one per negative.
+    assert len(dst) == 1000 and len(torch.unique(dst)) <= 200 and int(dst.max()) < g.num_nodes()
 
 
 def test_link_prediction_needs_held_out_edges(dglkit, partition_1, tmp_path):
