@@ -287,7 +287,8 @@ def synthetic(rng: np.random.Generator, num_nodes: int, avg_degree: float, num_c
 def hold_out_edges(graph, fracs: dict[str, float], rng: np.random.Generator) -> dict:
     """Hold a random `fracs` share of node pairs out of the graph for validation and testing, so that message
     passing never sees them. Returns the remaining graph, symmetric without self loops, with edge i + E/2 the
-    reverse of edge i (the trainer excludes both directions of a training edge from its own neighbourhood),
+    reverse of edge i (the trainer names both directions of a training edge for exclusion, which DGL 2.1's
+    distributed sampler does not apply),
     and the held-out pairs in original node IDs: val_src, val_dst, test_src, test_dst."""
     import dgl
     import torch

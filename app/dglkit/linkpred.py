@@ -97,7 +97,8 @@ class Task:
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
         self.sampler = dgl.dataloading.MultiLayerNeighborSampler([int(f) for f in args.fan_out.split(",")])
         # DGL 2.1's DistEdgeDataLoader takes the block sampler and the edge options itself (its EdgeCollator).
-        # Both directions of a batch's edges leave its neighbourhoods: the model cannot learn to look them up.
+        # Asks for both directions of a batch's edges to leave its neighbourhoods, but DGL 2.1's
+        # DistGraph.sample_neighbors ignores exclude_edges, so they stay (as in DGL's own unsupervised example).
         self.loader = dgl.dataloading.DistEdgeDataLoader(
             g, train_eids, self.sampler, exclude="reverse_id", reverse_eids=reverse_edge_ids(args.part_config),
             negative_sampler=PooledUniform(args.num_negs),
