@@ -15,6 +15,7 @@ COMMANDS = {
     "watch": ("dglkit.watch", "report the state of a running job across all nodes"),
     "report": ("dglkit.report", "summarise a finished job: summary and training curves"),
     "pack": ("dglkit.pack", "a job directory's regular files as one tar archive (links and FIFOs left out)"),
+    "control": ("dglkit.control", "the job unit on this node: its state, stopping it, what a stopped job left"),
 }
 
 
