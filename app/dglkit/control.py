@@ -32,7 +32,8 @@ STOP_NOTE = "stopped by playbooks/stop.yml\n"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
-    actions.add_parser("unit", help="the job unit's state and job directory")
+    unit = actions.add_parser("unit", help="the job unit's state and job directory")
+    unit.add_argument("--node", default="", help="this node's name, to begin the unit's line with")
     stop = actions.add_parser("stop", help="stop the job unit, keep it from starting at boot, check what is left")
     stop.add_argument("--user", required=True, help="the job account (writes STOP, reads job.json)")
     stop.add_argument("--job-dir", default="", help="the job to check when the unit names none")
@@ -44,8 +45,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     stop.add_argument("--check", action="store_true", help="say what would change, change nothing")
     progress = actions.add_parser("progress", help="the job to report on and its progress line (as the job account)")
     progress.add_argument("--jobs", required=True, help="the workspace's jobs directory")
-    progress.add_argument("--units", type=json.loads, default=[],
-                          help="JSON list of the workers' units as `dglkit control unit` describes them")
+    progress.add_argument("--units", type=json.loads, default={},
+                          help="JSON {worker: its unit as `dglkit control unit` describes it, or null: not reached}")
 
 
 def parse_show(text: str) -> dict[str, str]:
@@ -53,20 +54,22 @@ def parse_show(text: str) -> dict[str, str]:
     return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
 
 
-def describe(props: dict[str, str]) -> dict[str, Any]:
-    """What the playbooks need of the unit: whether a job runs (also while it restarts or stops), its directory."""
+def describe(props: dict[str, str], node: str = "") -> dict[str, Any]:
+    """What the playbooks need of the unit: whether a job runs (also while it restarts or stops), its directory,
+    a line for people."""
     running = props.get("ActiveState", "inactive") not in ("inactive", "failed")
+    line = f"{props.get('Description', UNIT)}: {props['ActiveState']}" if running else "no job running"
     return {"loaded": props.get("LoadState", "not-found") != "not-found", "running": running,
             "state": props.get("ActiveState", "inactive"), "enabled": props.get("UnitFileState") == "enabled",
             "job_dir": props.get("WorkingDirectory", ""), "description": props.get("Description", UNIT),
-            "line": f"{props.get('Description', UNIT)}: {props['ActiveState']}" if running else "no job running"}
+            "line": f"{node}: {line}" if node else line}
 
 
-def show_unit() -> dict[str, Any]:
+def show_unit(node: str = "") -> dict[str, Any]:
     proc = subprocess.run(["systemctl", "show", UNIT, "-p", ",".join(SHOW)], capture_output=True, text=True)
     if proc.returncode:
         raise UserError(f"systemctl show {UNIT}: {proc.stderr.strip()}")
-    return describe(parse_show(proc.stdout))
+    return describe(parse_show(proc.stdout), node)
 
 
 def as_account(user: str, action: Callable[[], Any]) -> Any:
@@ -229,20 +232,31 @@ def pick_job(jobs: Path, units: list[dict[str, Any]]) -> Path | None:
     return chosen[0] if chosen else None
 
 
-def progress(args: argparse.Namespace) -> dict[str, Any]:
-    job_dir = pick_job(Path(args.jobs), args.units)
+def job_line(job_dir: Path | None, jobs: str) -> tuple[str | None, str]:
+    """The job's state and its progress line, by `dglkit watch --wait 0` (the one reader of a job's state)."""
     if job_dir is None:
-        return {"changed": False, "job": None, "line": f"no job in {args.jobs} yet"}
-    # `dglkit watch` is the one reader of a job's state; --wait 0 gives the state now.
+        return None, f"no job in {jobs} yet"
     proc = subprocess.run([sys.executable, "-m", "dglkit", "watch", "--job-dir", str(job_dir), "--wait", "0"],
                           capture_output=True, text=True)
     if proc.returncode:
-        return {"changed": False, "job": job_dir.name, "line": f"{job_dir.name}: {proc.stderr.strip()}"}
+        return None, f"{job_dir.name}: {proc.stderr.strip()}"
     state = json.loads(proc.stdout.strip().splitlines()[-1])
-    return {"changed": False, "job": job_dir.name, "state": state["state"], "line": f"{job_dir.name}: {state['line']}"}
+    return state["state"], f"{job_dir.name}: {state['line']}"
+
+
+def progress(args: argparse.Namespace) -> dict[str, Any]:
+    """status.yml's report: each worker's unit, the job's progress, the workers that could not be reached."""
+    reached = {host: unit for host, unit in args.units.items() if unit is not None}
+    job_dir = pick_job(Path(args.jobs), list(reached.values()))
+    state, line = job_line(job_dir, args.jobs)
+    down = [host for host, unit in args.units.items() if unit is None]
+    lines = ([unit["line"] for unit in reached.values()] + [line]
+             + ([f"could not reach {', '.join(down)}: its job unit is not shown (the progress above is the shared "
+                 "job directory's)"] if down else []))
+    return {"changed": False, "job": job_dir.name if job_dir else None, "state": state, "lines": lines}
 
 
 def run(args: argparse.Namespace) -> int:
-    actions = {"unit": lambda _: {"changed": False, "unit": show_unit()}, "stop": stop, "progress": progress}
+    actions = {"unit": lambda args: {"changed": False, "unit": show_unit(args.node)}, "stop": stop, "progress": progress}
     emit_result(actions[args.action](args))
     return 0

@@ -26,10 +26,10 @@ SHOW = "LoadState={}\nActiveState={}\nUnitFileState=enabled\nWorkingDirectory=/s
                                                    ("loaded", "deactivating", True), ("loaded", "inactive", False),
                                                    ("loaded", "failed", False), ("not-found", "inactive", False)])
 def test_the_unit_runs_a_job_unless_inactive_or_failed(load: str, active: str, running: bool) -> None:
-    unit = describe(parse_show(SHOW.format(load, active)))
+    unit = describe(parse_show(SHOW.format(load, active)), "node2")
     assert unit["running"] is running and unit["loaded"] is (load == "loaded") and unit["enabled"] is True
     assert unit["job_dir"] == "/srv/dglkit/jobs/j1"
-    assert unit["line"] == (f"dglkit job j1: {active}" if running else "no job running")
+    assert unit["line"] == (f"node2: dglkit job j1: {active}" if running else "node2: no job running")
 
 
 @pytest.fixture
@@ -141,10 +141,13 @@ def test_status_reports_the_running_job_then_the_last_one_then_the_newest(tmp_pa
     assert pick_job(tmp_path / "none", []) is None
 
 
-def test_status_shows_the_progress_line_of_watch(dglkit, tmp_path: Path) -> None:
+def test_status_shows_each_unit_the_progress_line_of_watch_and_the_hosts_not_reached(dglkit, tmp_path: Path) -> None:
     jobs = tmp_path / "jobs"
     result = json.loads(dglkit("control", "progress", "--jobs", jobs).stdout)
-    assert result == {"changed": False, "job": None, "line": f"no job in {jobs} yet"}
-    make_job(jobs, "j1", "succeeded", 0)
-    result = json.loads(dglkit("control", "progress", "--jobs", jobs, "--units", "[]").stdout)
-    assert result["state"] == "succeeded" and result["line"] == "j1: succeeded: epoch 3/3 loss 0.5000 [node2 succeeded]"
+    assert result == {"changed": False, "job": None, "state": None, "lines": [f"no job in {jobs} yet"]}
+    j1 = make_job(jobs, "j1", "succeeded", 0)
+    units = {"node2": {"job_dir": str(j1), "running": False, "line": "node2: no job running"}, "node3": None}
+    result = json.loads(dglkit("control", "progress", "--jobs", jobs, "--units", json.dumps(units)).stdout)
+    assert result["state"] == "succeeded" and result["lines"] == [
+        "node2: no job running", "j1: succeeded: epoch 3/3 loss 0.5000 [node2 succeeded]",
+        "could not reach node3: its job unit is not shown (the progress above is the shared job directory's)"]
