@@ -66,12 +66,13 @@ def test_dgl_segments_are_regular_files_named_after_the_graph_or_the_kvstore(tmp
 
 
 def test_a_listening_port_is_seen_until_it_closes() -> None:
-    with socket.socket() as server, socket.socket() as idle:
+    with socket.socket() as server:
         server.bind(("127.0.0.1", 0))
         server.listen()
-        idle.bind(("127.0.0.1", 0))  # bound, not listening: no job serves there
-        port, other = server.getsockname()[1], idle.getsockname()[1]
-        assert listening([other, port]) == [port]
+        port = server.getsockname()[1]
+        # A connection's own port is in use, but nothing serves there.
+        with socket.create_connection(("127.0.0.1", port)) as client:
+            assert listening([client.getsockname()[1], port]) == [port]
     assert listening([port]) == []
 
 
