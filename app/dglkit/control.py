@@ -14,12 +14,12 @@ import fnmatch
 import json
 import os
 import pwd
-import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from dglkit.common import UserError, emit_result, read_json, replace_file
 
@@ -66,7 +66,7 @@ def describe(props: dict[str, str], node: str = "") -> dict[str, Any]:
 
 
 def show_unit(node: str = "") -> dict[str, Any]:
-    proc = subprocess.run(["systemctl", "show", UNIT, "-p", ",".join(SHOW)], capture_output=True, text=True)
+    proc = subprocess.run(["systemctl", "show", UNIT, "-p", ",".join(SHOW)], capture_output=True, text=True, check=False)
     if proc.returncode:
         raise UserError(f"systemctl show {UNIT}: {proc.stderr.strip()}")
     return describe(parse_show(proc.stdout), node)
@@ -75,23 +75,29 @@ def show_unit(node: str = "") -> dict[str, Any]:
 def as_account(user: str, action: Callable[[], Any]) -> Any:
     """action() run in a child process with the account's uid and gid and no other group: a link in a job
     directory resolves with the account's rights, never root's. Its value comes back as JSON."""
-    account = pwd.getpwnam(user)
+    try:
+        account = pwd.getpwnam(user)
+    except KeyError:
+        raise UserError(f"no account {user} on this host: run site.yml, which creates it") from None
     if os.geteuid() == account.pw_uid:
         return action()
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:
         os.close(read_end)
+        answer: dict[str, Any] = {"error": "the child process failed"}
         try:
             os.setgroups([])
             os.setgid(account.pw_gid)
             os.setuid(account.pw_uid)
             answer = {"value": action()}
-        except Exception as error:  # reported by the parent, which has the terminal
+        except OSError as error:  # reported by the parent, which has the terminal
             answer = {"error": f"{type(error).__name__}: {error}"}
-        with os.fdopen(write_end, "w") as out:
-            json.dump(answer, out)
-        os._exit(0)
+        finally:
+            # Whatever happened, the child never returns into the caller's code.
+            with os.fdopen(write_end, "w") as out:
+                json.dump(answer, out)
+            os._exit(0)
     os.close(write_end)
     with os.fdopen(read_end) as pipe:
         answer = json.loads(pipe.read() or '{"error": "the child process died"}')
@@ -187,7 +193,7 @@ def request_stop(job_dir: str) -> None:
 
 
 def systemctl(*args: str) -> None:
-    proc = subprocess.run(["systemctl", *args, UNIT], capture_output=True, text=True)
+    proc = subprocess.run(["systemctl", *args, UNIT], capture_output=True, text=True, check=False)
     # 5: the unit is gone (the launcher ended the job since the look): nothing to stop.
     if proc.returncode not in (0, 5):
         raise UserError(f"systemctl {' '.join(args)} {UNIT}: {proc.stderr.strip()}")
@@ -237,7 +243,7 @@ def job_line(job_dir: Path | None, jobs: str) -> tuple[str | None, str]:
     if job_dir is None:
         return None, f"no job in {jobs} yet"
     proc = subprocess.run([sys.executable, "-m", "dglkit", "watch", "--job-dir", str(job_dir), "--wait", "0"],
-                          capture_output=True, text=True)
+                          capture_output=True, text=True, check=False)
     if proc.returncode:
         return None, f"{job_dir.name}: {proc.stderr.strip()}"
     state = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -251,8 +257,8 @@ def progress(args: argparse.Namespace) -> dict[str, Any]:
     state, line = job_line(job_dir, args.jobs)
     down = [host for host, unit in args.units.items() if unit is None]
     lines = ([unit["line"] for unit in reached.values()] + [line]
-             + ([f"could not reach {', '.join(down)}: its job unit is not shown (the progress above is the shared "
-                 "job directory's)"] if down else []))
+             + ([(f"could not reach {', '.join(down)}: its job unit is not shown (the progress above is the shared "
+                  "job directory's)")] if down else []))
     return {"changed": False, "job": job_dir.name if job_dir else None, "state": state, "lines": lines}
 
 

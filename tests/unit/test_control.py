@@ -14,10 +14,19 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 from dglkit.common import UserError
-from dglkit.control import (as_account, describe, job_dirs, job_processes, leftovers, listening, parse_show, pick_job,
-                            request_stop, shm_segments)
+from dglkit.control import (
+    as_account,
+    describe,
+    job_dirs,
+    job_processes,
+    leftovers,
+    listening,
+    parse_show,
+    pick_job,
+    request_stop,
+    shm_segments,
+)
 
 SHOW = "LoadState={}\nActiveState={}\nUnitFileState=enabled\nWorkingDirectory=/srv/dglkit/jobs/j1\nDescription=dglkit job j1\n"
 
