@@ -94,10 +94,12 @@ def as_account(user: str, action: Callable[[], Any]) -> Any:
         except OSError as error:  # reported by the parent, which has the terminal
             answer = {"error": f"{type(error).__name__}: {error}"}
         finally:
-            # Whatever happened, the child never returns into the caller's code.
-            with os.fdopen(write_end, "w") as out:
-                json.dump(answer, out)
-            os._exit(0)
+            # Whatever happens, the child never returns into the caller's code.
+            try:
+                with os.fdopen(write_end, "w") as out:
+                    json.dump(answer, out)
+            finally:
+                os._exit(0)
     os.close(write_end)
     with os.fdopen(read_end) as pipe:
         answer = json.loads(pipe.read() or '{"error": "the child process died"}')
