@@ -17,6 +17,7 @@ COMMANDS = {
     "pack": ("dglkit.pack", "a job directory's regular files as one tar archive (links and FIFOs left out)"),
     "settings": ("dglkit.settings", "write the files generated from the job settings' declaration (--write)"),
     "plan": ("dglkit.plan", "check a job's settings and derive its id and files (the controller, JSON on stdin)"),
+    "control": ("dglkit.control", "the job unit on this node: its state, stopping it, what a stopped job left"),
 }
 
 

@@ -39,7 +39,6 @@ class Setting:
     example: Any = None  # job.yml's value of a commented-out setting, when not the default
     elements: str = "int"  # of a list
     flag: str | None = None  # the trainer's option, when not --<name>
-    entry: str = "main"  # the role entry point whose argument specs list it
 
     @property
     def var(self) -> str:
@@ -246,13 +245,6 @@ SECTIONS: list[tuple[Section, list[Setting]]] = [
         Setting("user", "str", "dglkit", "Unprivileged account that runs every job process and owns the job's files "
                 "(dglkit_user).", PLAYBOOK, sample=None),
     ]),
-    (Section("Removing nodes", "playbooks/remove_node.yml: the hosts leaving the cluster, and whether to take them "
-             "out while a job runs."), [
-        Setting("remove_nodes", "list", [], "Inventory names of the hosts leaving the cluster.", PLAYBOOK,
-                sample=None, elements="str", entry="remove"),
-        Setting("remove_running", "bool", False, "Take the hosts out while a job runs (their launchers stop, and "
-                "the job fails on every node).", PLAYBOOK, sample=None, entry="remove"),
-    ]),
 ]
 
 SETTINGS: dict[str, Setting] = {s.name: s for _, group in SECTIONS for s in group}
@@ -308,9 +300,9 @@ def render_defaults() -> str:
     return "\n".join(lines) + "\n"
 
 
-def render_options(entry: str, indent: str = "      ") -> str:
+def render_options(indent: str = "      ") -> str:
     lines = []
-    for setting in (s for s in SETTINGS.values() if s.entry == entry):
+    for setting in SETTINGS.values():
         lines += [f"{indent}{setting.var}:", f"{indent}  type: {setting.type}"]
         if setting.type == "list":
             lines.append(f"{indent}  elements: {setting.elements}")
@@ -324,11 +316,9 @@ def render_options(entry: str, indent: str = "      ") -> str:
 
 
 def render_specs(current: str) -> str:
-    """argument_specs.yml with the options of the main and remove entries generated, the rest as it is."""
+    """argument_specs.yml with the options of the main entry generated, the rest as it is."""
     main = re.compile(r"(\n    options: &options\n)(.*?)(?=\n  [a-z_]+:\n)", re.S)
-    remove = re.compile(r"(\n  remove:\n.*?\n    options:\n)(.*)", re.S)
-    text = main.sub(lambda m: m.group(1) + render_options("main").rstrip("\n"), current, count=1)
-    return remove.sub(lambda m: m.group(1) + render_options("remove"), text, count=1)
+    return main.sub(lambda m: m.group(1) + render_options().rstrip("\n"), current, count=1)
 
 
 def render_sample() -> str:

@@ -11,7 +11,6 @@ The tests share the cluster and run in file order: each leaves every host clean 
 """
 from __future__ import annotations
 
-import base64
 import gzip
 import json
 import os
@@ -31,7 +30,6 @@ from jobhelpers import assert_clean, flat, run_folder, start_train, stop_backgro
 if TYPE_CHECKING:
     from conftest import Cluster
 
-REPO = Path(__file__).resolve().parents[2]
 WORKSPACE = "/srv/dglkit"
 # Every host's own venv (dglkit_python_env_location: per_node), in the host's own directory at /opt/dglkit.
 NODE_DIR = "/opt/dglkit"
@@ -227,9 +225,9 @@ def test_ogbn_dataset_from_pre_placed_files_with_no_route_out(site: Cluster, run
 
 
 def job_processes(cluster: Cluster, host: str, job_dir: str) -> list[str]:
-    """What stop.yml's leftover check (roles/dgl_job/files/job_processes.py) finds of a job on a host."""
-    script = base64.b64encode((REPO / "roles/dgl_job/files/job_processes.py").read_bytes()).decode()
-    command = f"python3 -c 'import base64; exec(base64.b64decode(\"{script}\"))' {job_dir}"
+    """What stop.yml's leftover check (dglkit.control.job_processes) finds of a job on a host."""
+    command = f"{VENV}/bin/python -c 'import json, sys; from dglkit.control import job_processes; " \
+              f"print(json.dumps(job_processes(sys.argv[1])))' {job_dir}"
     return json.loads(cluster.ssh(host, command).stdout)
 
 

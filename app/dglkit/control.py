@@ -1,0 +1,270 @@
+"""Job control on a node, one command per host for the playbooks (roles/dgl_job_control): the job unit's state,
+stopping it with the check for what it left, and the job to report on with its progress line.
+
+    dglkit control unit
+    dglkit control stop --user dglkit --server-port 30050 [--job-dir DIR] [--check]
+    dglkit control progress --jobs /srv/dglkit/jobs [--units JSON]
+
+Each prints one JSON line (with "changed"). `unit` and `stop` run as root; whatever they read or write in a job
+directory (job.json, STOP) they do as the job account, without following a link the job planted.
+"""
+
+import argparse
+import fnmatch
+import json
+import os
+import pwd
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from dglkit.common import UserError, emit_result, read_json, replace_file
+
+UNIT = "dglkit-job.service"
+SHOW = ("LoadState", "ActiveState", "UnitFileState", "WorkingDirectory", "Description")
+# DGL names the graph's segments after the graph and the KVStore's after the data ("node~_N~feat-kvdata-").
+SHM_PATTERNS = ("node~*", "edge~*")
+STOP_NOTE = "stopped by playbooks/stop.yml\n"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+    unit = actions.add_parser("unit", help="the job unit's state and job directory")
+    unit.add_argument("--node", default="", help="this node's name, to begin the unit's line with")
+    stop = actions.add_parser("stop", help="stop the job unit, keep it from starting at boot, check what is left")
+    stop.add_argument("--user", required=True, help="the job account (writes STOP, reads job.json)")
+    stop.add_argument("--job-dir", default="", help="the job to check when the unit names none")
+    stop.add_argument("--server-port", type=int, required=True, help="first DGL server port")
+    stop.add_argument("--servers", type=int, default=1, help="DGL servers per node when job.json does not say")
+    stop.add_argument("--master-port", type=int, default=29500, help="torch's rendezvous port when job.json does not say")
+    stop.add_argument("--graph", default="", help="graph name when job.json does not say (its /dev/shm segments)")
+    stop.add_argument("--ports-wait", type=float, default=10, help="seconds the job's ports may take to close")
+    stop.add_argument("--check", action="store_true", help="say what would change, change nothing")
+    progress = actions.add_parser("progress", help="the job to report on and its progress line (as the job account)")
+    progress.add_argument("--jobs", required=True, help="the workspace's jobs directory")
+    progress.add_argument("--units", type=json.loads, default={},
+                          help="JSON {worker: its unit as `dglkit control unit` describes it, or null: not reached}")
+
+
+def parse_show(text: str) -> dict[str, str]:
+    """`systemctl show -p ...` output (Key=Value lines) as a dict."""
+    return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+
+
+def describe(props: dict[str, str], node: str = "") -> dict[str, Any]:
+    """What the playbooks need of the unit: whether a job runs (also while it restarts or stops), its directory,
+    a line for people."""
+    running = props.get("ActiveState", "inactive") not in ("inactive", "failed")
+    line = f"{props.get('Description', UNIT)}: {props['ActiveState']}" if running else "no job running"
+    return {"loaded": props.get("LoadState", "not-found") != "not-found", "running": running,
+            "state": props.get("ActiveState", "inactive"), "enabled": props.get("UnitFileState") == "enabled",
+            "job_dir": props.get("WorkingDirectory", ""), "description": props.get("Description", UNIT),
+            "line": f"{node}: {line}" if node else line}
+
+
+def show_unit(node: str = "") -> dict[str, Any]:
+    proc = subprocess.run(["systemctl", "show", UNIT, "-p", ",".join(SHOW)], capture_output=True, text=True, check=False)
+    if proc.returncode:
+        raise UserError(f"systemctl show {UNIT}: {proc.stderr.strip()}")
+    return describe(parse_show(proc.stdout), node)
+
+
+def as_account(user: str, action: Callable[[], Any]) -> Any:
+    """action() run in a child process with the account's uid and gid and no other group: a link in a job
+    directory resolves with the account's rights, never root's. Its value comes back as JSON."""
+    try:
+        account = pwd.getpwnam(user)
+    except KeyError:
+        raise UserError(f"no account {user} on this host: run site.yml, which creates it") from None
+    if os.geteuid() == account.pw_uid:
+        return action()
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read_end)
+        answer: dict[str, Any] = {"error": "the child process failed"}
+        try:
+            os.setgroups([])
+            os.setgid(account.pw_gid)
+            os.setuid(account.pw_uid)
+            answer = {"value": action()}
+        except OSError as error:  # reported by the parent, which has the terminal
+            answer = {"error": f"{type(error).__name__}: {error}"}
+        finally:
+            # Whatever happens, the child never returns into the caller's code.
+            try:
+                with os.fdopen(write_end, "w") as out:
+                    json.dump(answer, out)
+            finally:
+                os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end) as pipe:
+        answer = json.loads(pipe.read() or '{"error": "the child process died"}')
+    os.waitpid(pid, 0)
+    if "error" in answer:
+        raise UserError(f"as {user}: {answer['error']}")
+    return answer["value"]
+
+
+def read_proc(pid: str, name: str) -> list[str]:
+    """A NUL-separated /proc file as a list; [] for a process that is gone or a kernel thread."""
+    try:
+        return (Path("/proc") / pid / name).read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return []
+
+
+def cgroup_unit(pid: str) -> str:
+    """The systemd unit (or scope) of a process, from its cgroup path (systemd's own hierarchy on a cgroup v1
+    host, the unified one otherwise)."""
+    paths = dict(line.split(":", 2)[1:] for line in (Path("/proc") / pid / "cgroup").read_text().splitlines())
+    path = paths.get("name=systemd", paths.get("", ""))
+    return path.rstrip("/").rpartition("/")[2] or "no unit"
+
+
+def owner(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+def job_processes(job_dir: str) -> list[str]:
+    """The job's live processes, "<pid> (<user>, <unit>: <command>)": the launcher (its command line names
+    <job dir>/job.json) and anything with DGLKIT_OUTPUT_DIR=<job dir> in its environment, as every process the
+    launcher starts has, and their children: in the unit or escaped from it. Not by the PIDs in status.json: a
+    process that escaped is in no record, and a recorded PID may since belong to another program."""
+    job_dir = os.path.realpath(job_dir)
+    found = []
+    for pid in sorted(filter(str.isdigit, os.listdir("/proc")), key=int):
+        command = [word for word in read_proc(pid, "cmdline") if word]
+        if f"DGLKIT_OUTPUT_DIR={job_dir}" not in read_proc(pid, "environ") and f"{job_dir}/job.json" not in command:
+            continue
+        try:
+            found.append(f"{pid} ({owner(os.stat(f'/proc/{pid}').st_uid)}, {cgroup_unit(pid)}: "
+                         f"{' '.join(command)[:160]})")
+        except OSError:
+            continue  # gone since
+    return found
+
+
+def shm_segments(graph: str, shm: Path = Path("/dev/shm")) -> list[str]:
+    """DGL's shared-memory segments: the graph's and the KVStore's (regular files, not hidden ones)."""
+    patterns = SHM_PATTERNS + ((f"*{graph}*",) if graph else ())
+    return sorted(str(entry.path) for entry in os.scandir(shm)
+                  if entry.is_file(follow_symlinks=False) and not entry.name.startswith(".")
+                  and any(fnmatch.fnmatch(entry.name, pattern) for pattern in patterns))
+
+
+def listening(ports: list[int], proc_net: Path = Path("/proc/net")) -> list[int]:
+    """Those of ports that a TCP socket of this host's network listens on, on any address."""
+    found = set()
+    for name in ("tcp", "tcp6"):
+        try:
+            lines = (proc_net / name).read_text().splitlines()[1:]
+        except OSError:
+            continue  # no IPv6
+        for line in lines:
+            fields = line.split()
+            if fields[3] == "0A":  # LISTEN
+                found.add(int(fields[1].rpartition(":")[2], 16))
+    return [port for port in ports if port in found]
+
+
+def leftovers(job_dir: str, config: dict[str, Any], args: argparse.Namespace, shm: Path = Path("/dev/shm")) -> list[str]:
+    """What a stopped job left on this host, in words; its ports get --ports-wait seconds to close."""
+    servers = int(config.get("num_servers", args.servers))
+    ports = [*range(args.server_port, args.server_port + servers), int(config.get("master_port", args.master_port))]
+    graph = Path(config["part_config"]).stem if config.get("part_config") else args.graph
+    deadline = time.time() + args.ports_wait
+    while (busy := listening(ports)) and time.time() < deadline:
+        time.sleep(0.2)
+    processes, segments = job_processes(job_dir), shm_segments(graph, shm)
+    return ((["processes " + ", ".join(processes)] if processes else [])
+            + (["/dev/shm files " + ", ".join(segments)] if segments else [])
+            + ([f"port(s) {', '.join(map(str, busy))} listening"] if busy else []))
+
+
+def request_stop(job_dir: str) -> None:
+    """STOP tells every launcher that this is a stop, not a failure to restart from (a host shutting down also
+    stops the unit). A new file renamed over the name: nothing is written through a link."""
+    replace_file(Path(job_dir) / "STOP", STOP_NOTE.encode())
+
+
+def systemctl(*args: str) -> None:
+    proc = subprocess.run(["systemctl", *args, UNIT], capture_output=True, text=True, check=False)
+    # 5: the unit is gone (the launcher ended the job since the look): nothing to stop.
+    if proc.returncode not in (0, 5):
+        raise UserError(f"systemctl {' '.join(args)} {UNIT}: {proc.stderr.strip()}")
+
+
+def stop(args: argparse.Namespace) -> dict[str, Any]:
+    """By unit, never by process name: the unit's cgroup holds every process the job started, and the launcher
+    turns SIGTERM into an orderly stop of them."""
+    unit = show_unit()
+    job_dir = unit["job_dir"] or args.job_dir
+    done = (["asked the job to stop", "stopped the job unit"] if unit["running"] else []) + (
+        ["kept the job unit from starting at boot"] if unit["enabled"] else [])
+    result = {"changed": bool(done), "done": done, "unit": unit, "job_dir": job_dir, "left": []}
+    if args.check:
+        return result
+    if unit["running"]:
+        if unit["job_dir"]:
+            as_account(args.user, lambda: request_stop(unit["job_dir"]))
+        systemctl("stop")
+    if unit["enabled"]:
+        systemctl("disable")
+    if job_dir:
+        config = as_account(args.user, lambda: read_json(Path(job_dir) / "job.json")) or {}
+        result["left"] = leftovers(job_dir, config, args)
+    return result
+
+
+def job_dirs(jobs: Path) -> list[Path]:
+    """The job directories under jobs/, newest first (not the start lock, nor a link)."""
+    try:
+        entries = [entry for entry in os.scandir(jobs) if not entry.name.startswith(".") and entry.is_dir(follow_symlinks=False)]
+    except FileNotFoundError:
+        return []
+    return [Path(entry.path) for entry in sorted(entries, key=lambda e: e.stat(follow_symlinks=False).st_mtime, reverse=True)]
+
+
+def pick_job(jobs: Path, units: list[dict[str, Any]]) -> Path | None:
+    """The job a unit runs, else the one the units ran last, else the newest job directory."""
+    chosen = [Path(unit["job_dir"]) for unit in sorted(units, key=lambda unit: not unit["running"])
+              if unit["job_dir"] and Path(unit["job_dir"]).is_dir()]
+    chosen = chosen or job_dirs(jobs)
+    return chosen[0] if chosen else None
+
+
+def job_line(job_dir: Path | None, jobs: str) -> tuple[str | None, str]:
+    """The job's state and its progress line, by `dglkit watch --wait 0` (the one reader of a job's state)."""
+    if job_dir is None:
+        return None, f"no job in {jobs} yet"
+    proc = subprocess.run([sys.executable, "-m", "dglkit", "watch", "--job-dir", str(job_dir), "--wait", "0"],
+                          capture_output=True, text=True, check=False)
+    if proc.returncode:
+        return None, f"{job_dir.name}: {proc.stderr.strip()}"
+    state = json.loads(proc.stdout.strip().splitlines()[-1])
+    return state["state"], f"{job_dir.name}: {state['line']}"
+
+
+def progress(args: argparse.Namespace) -> dict[str, Any]:
+    """status.yml's report: each worker's unit, the job's progress, the workers that could not be reached."""
+    reached = {host: unit for host, unit in args.units.items() if unit is not None}
+    job_dir = pick_job(Path(args.jobs), list(reached.values()))
+    state, line = job_line(job_dir, args.jobs)
+    down = [host for host, unit in args.units.items() if unit is None]
+    lines = ([unit["line"] for unit in reached.values()] + [line]
+             + ([(f"could not reach {', '.join(down)}: its job unit is not shown (the progress above is the shared "
+                  "job directory's)")] if down else []))
+    return {"changed": False, "job": job_dir.name if job_dir else None, "state": state, "lines": lines}
+
+
+def run(args: argparse.Namespace) -> int:
+    actions = {"unit": lambda args: {"changed": False, "unit": show_unit(args.node)}, "stop": stop, "progress": progress}
+    emit_result(actions[args.action](args))
+    return 0
