@@ -22,6 +22,7 @@ script prints and appends to bench/results/launch_overhead.jsonl: controller sta
 import argparse
 import json
 import os
+import re
 import shlex
 import shutil
 import statistics
@@ -41,6 +42,11 @@ from conftest import Cluster  # noqa: E402  (the e2e tier's cluster client: venv
 PROGRAM = benchlib.REPO / "tests" / "programs" / "train_dist"
 ACCOUNT_UID = 30050
 PHASES = ["to_trainer_s", "to_first_epoch_s", "after_last_epoch_s", "wall_s"]
+# Where train.yml's seconds go: Ansible's profile_tasks callback lists every task's time at the end (a
+# timestamp per task: no round trip added). launch.py's output has no such lines.
+PROFILE = {"ANSIBLE_CALLBACKS_ENABLED": "ansible.posix.profile_tasks", "PROFILE_TASKS_TASK_OUTPUT_LIMIT": "500",
+           "PROFILE_TASKS_SORT_ORDER": "none"}
+TASK_TIME = re.compile(r"^(.+?) -+ ?\s*(\d+\.\d+)s$", re.M)
 
 
 def program_args(epochs: int) -> str:
@@ -57,13 +63,15 @@ def train_yml(cluster: Cluster, epochs: int, nodes: int) -> list[str]:
 
 
 class TrainerWatch(threading.Thread):
-    """The start time of the first trainer process (DGL_ROLE=client under torchrun: RANK set) on any test host,
-    from /proc. Trainers live for the whole job, so a coarse poll still reads their exact start."""
+    """The start time of the first trainer process (DGL_ROLE=client under torchrun: RANK set) on a host of this
+    cluster (its cgroup; other clusters on the machine have the same job account), from /proc. Trainers live for
+    the whole job, so a coarse poll still reads their exact start."""
 
-    def __init__(self) -> None:
+    def __init__(self, cluster: str) -> None:
         super().__init__(daemon=True)
         self.first: float | None = None
         self.done = threading.Event()
+        self.cgroup = re.compile(rf"/dglkit-{re.escape(cluster)}-node\d+/")
 
     def run(self) -> None:
         while not self.done.wait(0.3) and self.first is None:
@@ -72,20 +80,22 @@ class TrainerWatch(threading.Thread):
                     continue
                 try:
                     env = proc.environ()
-                except psutil.Error:
+                    if not self.cgroup.search(Path(f"/proc/{proc.pid}/cgroup").read_text()):
+                        continue
+                except (psutil.Error, OSError):
                     continue
                 if env.get("DGL_ROLE") == "client" and "RANK" in env:
                     self.first = min(self.first or proc.info["create_time"], proc.info["create_time"])
 
 
-def timed(cmd: list[str], metrics: Path, cwd: Path | None = None) -> dict:
+def timed(cluster: Cluster, cmd: list[str], metrics: Path) -> dict:
     """Run cmd to its end and time the phases; metrics is the program's metrics.jsonl (the controller's view)."""
     metrics.unlink(missing_ok=True)
-    watch = TrainerWatch()
+    watch = TrainerWatch(cluster.name)
     watch.start()
     start = time.time()
-    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True,
-                          env={**os.environ, "ANSIBLE_NOCOLOR": "1"})
+    proc = subprocess.run(cmd, cwd=benchlib.REPO, capture_output=True, text=True, check=False,
+                          env={**os.environ, **PROFILE, "ANSIBLE_NOCOLOR": "1"})
     end = time.time()
     watch.done.set()
     watch.join()
@@ -94,7 +104,10 @@ def timed(cmd: list[str], metrics: Path, cwd: Path | None = None) -> dict:
     if proc.returncode or not epochs or watch.first is None:
         sys.exit(f"error: `{shlex.join(cmd)}` exited {proc.returncode} ({len(epochs)} epochs, trainer seen: "
                  f"{watch.first is not None}):\n{(proc.stdout + proc.stderr)[-4000:]}")
-    return {"to_trainer_s": round(watch.first - start, 2), "to_first_epoch_s": round(epochs[0]["time"] - start, 2),
+    tasks: dict[str, float] = {}
+    for name, seconds in TASK_TIME.findall(proc.stdout.rpartition("=" * 20)[2]):
+        tasks[name] = round(tasks.get(name, 0) + float(seconds), 2)
+    return {"tasks": tasks, "to_trainer_s": round(watch.first - start, 2), "to_first_epoch_s": round(epochs[0]["time"] - start, 2),
             "after_last_epoch_s": round(end - epochs[-1]["time"], 2), "wall_s": round(end - start, 2),
             "epochs": len(epochs), "epoch_s": round(statistics.median(r["epoch_time"] for r in epochs), 3),
             "load": round(os.getloadavg()[0], 2)}
@@ -134,7 +147,7 @@ def measure_all(cluster: Cluster, args: argparse.Namespace) -> None:
     (cluster.inventory / "group_vars/all/bench.yml").write_text("dglkit_ssh_mesh: true\n")
     cluster.stand_up()
     playbook = train_yml(cluster, args.epochs, args.nodes)
-    first = subprocess.run(playbook, cwd=benchlib.REPO, capture_output=True, text=True)
+    first = subprocess.run(playbook, cwd=benchlib.REPO, capture_output=True, text=True, check=False)
     if first.returncode:
         sys.exit(f"error: the first train.yml run failed:\n{(first.stdout + first.stderr)[-4000:]}")
     run_folder = max((cluster.dir / "runs").glob("train_dist-synthetic-2w-*"), key=lambda p: p.stat().st_mtime)
@@ -159,7 +172,7 @@ def measure_all(cluster: Cluster, args: argparse.Namespace) -> None:
     params = {"epochs": args.epochs, "nodes": args.nodes, "workers": len(workers)}
     for run in range(args.runs):
         for launcher, cmd, metrics in [("train.yml", playbook, kit_metrics), ("launch.py", ssh, plain / "metrics.jsonl")]:
-            figures = timed(cmd, metrics, cwd=benchlib.REPO)
+            figures = timed(cluster, cmd, metrics)
             benchlib.report("launch_overhead", {**params, "launcher": launcher, "run": run}, figures)
 
 
@@ -182,6 +195,27 @@ def print_table(records: list[dict]) -> None:
                          f"{kit['wall_s'] / plain['wall_s']:.2f}x", "", ""])
     print(benchlib.table(["commit", "launcher", "runs", "start -> first trainer, s", "start -> first epoch, s",
                           "last epoch -> end, s", "wall, s", "epoch, s", "load"], rows))
+    print()
+    print_tasks(records)
+
+
+def print_tasks(records: list[dict]) -> None:
+    """train.yml's slowest tasks per commit: the median seconds over its runs (profile_tasks)."""
+    rows = []
+    for commit in dict.fromkeys(r["commit"] for r in records):
+        runs = [r["figures"]["tasks"] for r in records
+                if r["commit"] == commit and r["params"]["launcher"] == "train.yml" and r["figures"].get("tasks")]
+        if not runs:
+            continue
+        names = dict.fromkeys(name for run in runs for name in run)
+        medians = {name: statistics.median(run.get(name, 0) for run in runs) for name in names}
+        top = sorted(medians, key=medians.get, reverse=True)[:TOP_TASKS]
+        rows += [[commit, name, benchlib.number(medians[name])] for name in top]
+        rows.append([commit, f"all {len(names)} tasks", benchlib.number(sum(medians.values()))])
+    print(benchlib.table(["commit", "train.yml task (profile_tasks)", "median, s"], rows))
+
+
+TOP_TASKS = 15
 
 
 if __name__ == "__main__":

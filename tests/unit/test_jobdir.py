@@ -49,9 +49,9 @@ def test_a_second_rerun_gets_the_next_history_entry_and_kept_names_stay(cli, tmp
     job = tmp_path / "job"
     jobdir(cli, job)
     (job / "checkpoint.pt").write_text("weights\n")
-    code, result, _ = jobdir(cli, job, "--keep", "job.json,settings.json,history,checkpoint.pt")
+    _, result, _ = jobdir(cli, job, "--keep", "job.json,settings.json,history,checkpoint.pt")
     assert result["history"] == str(job / "history" / "1") and (job / "checkpoint.pt").is_file()
     (job / "FAILED").write_text("{}\n")
-    code, result, _ = jobdir(cli, job)
+    _, result, _ = jobdir(cli, job)
     assert result["history"] == str(job / "history" / "2")
     assert sorted(p.name for p in (job / "history" / "2").iterdir()) == ["FAILED", "checkpoint.pt", "nodes"]
