@@ -118,6 +118,8 @@ def summarise(job_dir: Path) -> dict:
         changed = report.write_summary(job_dir)["changed"]
     except UserError as error:
         return {"changed": False, "report_error": str(error), "reported": True}
+    except (KeyError, TypeError, ValueError) as error:  # a program's metrics.jsonl in a format of its own
+        return {"changed": False, "report_error": f"{type(error).__name__}: {error}", "reported": True}
     return {"changed": changed, "report_error": None, "reported": True}
 
 

@@ -171,3 +171,11 @@ def test_pack_does_not_summarise_a_job_that_never_started(cli, tmp_path: Path):
     (job / "job.json").write_text("{}\n")
     code, result, _ = cli("pack", "--report", "--job-dir", job, "--out", tmp_path / "job.tar")
     assert code == 0 and result["reported"] is False and not (job / "summary.txt").exists()
+
+
+def test_pack_still_packs_a_program_whose_metrics_are_in_a_format_of_its_own(cli, tmp_path: Path):
+    job = tmp_path / "job"
+    (job / "nodes/node2").mkdir(parents=True)
+    (job / "metrics.jsonl").write_text('{"event": "epoch", "epoch": 0, "acc": 0.5}\n')
+    code, result, _ = cli("pack", "--report", "--job-dir", job, "--out", tmp_path / "job.tar")
+    assert code == 0 and result["report_error"] == "KeyError: 'val_acc'" and result["files"] == 1
