@@ -11,6 +11,7 @@ COMMANDS = {
     "prepare": ("dglkit.data", "build a DGL graph with features, labels and split masks"),
     "partition": ("dglkit.partition", "partition a prepared graph with METIS for N machines"),
     "train": ("dglkit.train", "distributed trainer of the built-in tasks (DGL runs it as server and as trainer)"),
+    "jobdir": ("dglkit.jobdir", "make a job's directory for a run: earlier run to history/, job.json, settings.json"),
     "launch": ("dglkit.launch", "start and supervise this node's DGL servers and trainers"),
     "watch": ("dglkit.watch", "report the state of a running job across all nodes"),
     "report": ("dglkit.report", "summarise a finished job: summary and training curves"),

@@ -405,7 +405,7 @@ class Launcher:
 
     def run_attempt(self) -> None:
         self.procs, self.logs, self.pgids = {}, {}, set()
-        self.started, self.victim_seen = True, 0.0
+        self.started, self.victim_seen, self.listening, self.servers_started = True, 0.0, False, time.time()
         self.attempt_started = time.monotonic()
         self.set_state("starting")
         self.say(f"attempt {self.attempt} of at most {self.cfg.max_restarts + 1}")
@@ -504,10 +504,8 @@ class Launcher:
             if job["served_names"]:
                 server_env[nodedata.ENV] = json.dumps(job["served_names"])
             self.start(f"server-{s}", job["command"], server_env, self.node_dir / f"server-{s}.log")
-        # Trainers connect to every server with a bounded number of retries: start them once ours listen.
-        self.wait_for_servers_listening()
-        if self.state != "starting":
-            return
+        # Trainers start with the servers, as DGL's launch.py starts them: their imports overlap the servers'
+        # start-up, and they retry connecting (DGL_DIST_MAX_TRY_TIMES, 3 s apart) until every server listens.
         trainer_env = dict(env, DGL_DIST_MODE="distributed", DGL_ROLE="client", DGL_GROUP_ID="0",
                            OMP_NUM_THREADS=str(cfg.trainer_threads), DGLKIT_TRAINER_LOG_DIR=str(self.node_dir),
                            DGLKIT_HEARTBEAT_DIR=str(self.node_dir))
@@ -515,35 +513,38 @@ class Launcher:
             f"--nproc_per_node={cfg.num_trainers}", f"--nnodes={num_machines}", f"--node_rank={job['machine_id']}",
             f"--master_addr={job['machines'][0][0]}", f"--master_port={cfg.master_port}", "--monitor-interval=1"])
         self.start("trainers", torchrun, trainer_env, self.node_dir / "torchrun.log")
+        self.servers_started = time.time()
         self.set_state("running")
 
-    def wait_for_servers_listening(self) -> None:
+    def servers_listening(self) -> bool:
+        """Whether this node's servers listen; fails the attempt for a server that ended before it listened or
+        servers that did not listen within START_TIMEOUT. Checked until they do."""
+        if self.listening:
+            return True
         ports = {self.job["port"] + s for s in range(self.cfg.num_servers)}
-        deadline = time.time() + START_TIMEOUT
-        while self.state == "starting":
-            listening = {conn.laddr.port for name, proc in self.procs.items() if proc.poll() is None
-                         for conn in safe_connections(proc.pid) if conn.status == psutil.CONN_LISTEN}
-            if ports <= listening:
-                return
-            ended = [name for name, proc in self.procs.items() if proc.poll() == 0]
-            if ended:
-                # A server that is done before it listens never ran DGL's initialize() (a command that is
-                # not a DGL program, a script that returns early).
-                self.fail(ended[0], 0, "exited before it listened on its port", self.logs[ended[0]])
-                return
-            if self.check_processes() or self.check_outside() or time.time() > deadline:
-                if self.state == "starting":
-                    self.fail("servers", None, f"servers did not listen on ports {sorted(ports)} within "
-                              f"{START_TIMEOUT:.0f} s", self.logs["server-0"])
-                return
-            self.write_status()
-            time.sleep(POLL)
+        servers = {name: proc for name, proc in self.procs.items() if name.startswith("server-")}
+        listening = {conn.laddr.port for proc in servers.values() if proc.poll() is None
+                     for conn in safe_connections(proc.pid) if conn.status == psutil.CONN_LISTEN}
+        if ports <= listening:
+            self.listening = True
+            return True
+        ended = [name for name, proc in servers.items() if proc.poll() == 0]
+        if ended:
+            # A server that is done before it listens never ran DGL's initialize() (a command that is
+            # not a DGL program, a script that returns early).
+            self.fail(ended[0], 0, "exited before it listened on its port", self.logs[ended[0]])
+        elif time.time() > self.servers_started + START_TIMEOUT:
+            self.fail("servers", None, f"servers did not listen on ports {sorted(ports)} within "
+                      f"{START_TIMEOUT:.0f} s", self.logs["server-0"])
+        return False
 
     def supervise(self) -> None:
         heartbeats = HeartbeatWatch(self.node_dir)
         while self.state == "running":
             self.track_descendants()
             if self.check_processes() or self.check_outside():
+                return
+            if not self.servers_listening() and self.state != "running":
                 return
             if self.procs["trainers"].poll() == 0:
                 self.wait_for_servers_exit()

@@ -6,6 +6,9 @@ regular files alone, each opened without following a link (O_NOFOLLOW, from a di
 same way) and without blocking; every other entry that the selection names is left out and named in a
 warning (stderr, and "skipped" in the last line). Members carry no owner, so they belong to whoever unpacks
 them, and the modification time, so that unpacking an unchanged job changes nothing.
+
+With --report it first summarises a job that started (a nodes/ directory), as `dglkit report` does, so that
+train.yml collects a job in one command on the storage host.
 """
 
 import argparse
@@ -14,19 +17,25 @@ import re
 import stat
 import sys
 import tarfile
+import tempfile
 from pathlib import Path
 from typing import BinaryIO
 
-from dglkit.common import emit_result, file_kind, open_regular
+from dglkit import report
+from dglkit.common import UserError, emit_result, file_kind, open_regular
 
 DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--job-dir", required=True, type=Path, help="the job directory to pack")
-    parser.add_argument("--out", required=True, type=Path, help="the archive to write (replaced)")
+    parser.add_argument("--out", type=Path, help="the archive to write (replaced); default: a new temporary file, "
+                        "named in the result's \"archive\"")
     parser.add_argument("--match", default=".*",
                         help="regular expression that a file's path relative to the job directory must match whole")
+    parser.add_argument("--report", action="store_true",
+                        help="summarise a job that started first (dglkit report); its error goes to the result's "
+                        "\"report_error\"")
 
 
 class Exactly:
@@ -101,10 +110,29 @@ def pack(job_dir: Path, out: Path, match: str) -> tuple[int, list[str]]:
     return packed, skipped
 
 
+def summarise(job_dir: Path) -> dict:
+    """`dglkit report` on a job that started: {"changed", "report_error"} (None: no error)."""
+    if not os.path.isdir(job_dir / "nodes") or os.path.islink(job_dir / "nodes"):
+        return {"changed": False, "report_error": None, "reported": False}
+    try:
+        changed = report.write_summary(job_dir)["changed"]
+    except UserError as error:
+        return {"changed": False, "report_error": str(error), "reported": True}
+    except (KeyError, TypeError, ValueError) as error:  # a program's metrics.jsonl in a format of its own
+        return {"changed": False, "report_error": f"{type(error).__name__}: {error}", "reported": True}
+    return {"changed": changed, "report_error": None, "reported": True}
+
+
 def run(args: argparse.Namespace) -> int:
-    packed, skipped = pack(args.job_dir, args.out, args.match)
+    summary = summarise(args.job_dir) if args.report else {"changed": False}
+    out = args.out
+    if out is None:
+        fd, name = tempfile.mkstemp(prefix="dglkit-pack-", suffix=".tar")
+        os.close(fd)
+        out = Path(name)
+    packed, skipped = pack(args.job_dir, out, args.match)
     for entry in skipped:
         print(f"dglkit pack: warning: left out {entry}", file=sys.stderr)
-    emit_result({"changed": False, "files": packed, "skipped": skipped})
+    emit_result({**summary, "archive": str(out), "files": packed, "skipped": skipped})
     return 0
 

@@ -25,7 +25,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    job_dir: Path = args.job_dir
+    summary = write_summary(args.job_dir)
+    emit_result({"changed": summary.pop("changed"), **summary})
+    return 0
+
+
+def write_summary(job_dir: Path) -> dict[str, Any]:
+    """Write summary.{json,txt} and curves.png unless they are current; returns {"changed", "summary": the
+    summary.txt path, the headline figures}."""
     events = read_metrics(job_dir / "metrics.jsonl")
     epochs = [event for event in events if event.get("event") == "epoch"]
     if not epochs and not (job_dir / "nodes").is_dir():
@@ -34,14 +41,12 @@ def run(args: argparse.Namespace) -> int:
     summary = summarise(job_dir, events, read_json(job_dir / "result.json"))
     outputs = [job_dir / name for name in ("summary.json", "summary.txt", "curves.png")]
     if read_json(outputs[0]) == summary and all(map(is_regular, outputs[:3 if epochs else 2])):
-        emit_result({"changed": False, "summary": str(outputs[1]), **headline(summary)})
-        return 0
+        return {"changed": False, "summary": str(outputs[1]), **headline(summary)}
     if epochs:
         plot(epochs, summary, outputs[2])
     replace_file(outputs[1], text(summary).encode())
     write_json(outputs[0], summary)
-    emit_result({"changed": True, "summary": str(outputs[1]), **headline(summary)})
-    return 0
+    return {"changed": True, "summary": str(outputs[1]), **headline(summary)}
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:

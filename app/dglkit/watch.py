@@ -11,13 +11,15 @@ whose clock is off is not mistaken for a silent one.
 
 import argparse
 import json
+import os
 import time
 from pathlib import Path
 
 from dglkit.blame import cause_of, history, repeats, same_error
-from dglkit.common import UserError, emit_result, read_json, read_text, shared_fs_now
+from dglkit.common import UserError, emit_result, file_kind, read_json, read_text, shared_fs_now
 
-POLL = 1.0
+# Seconds between looks at the job directory: the end of a job is seen within this (a look is a few stats).
+POLL = 0.2
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -26,6 +28,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--wait", type=float, default=0, help="wait up to this many seconds for a change")
     parser.add_argument("--stale-after", type=float, default=30,
                         help="a running node whose status is older than this many seconds counts as failed")
+    parser.add_argument("--previous", action="store_true",
+                        help="train.yml's look at an earlier run: state \"new\" without a job.json, else also "
+                        "\"settings\": {\"kind\": what settings.json is, \"value\": its object or null}")
 
 
 def node_states(job_dir: Path, nodes: list[str], stale_after: float) -> dict[str, dict]:
@@ -158,8 +163,23 @@ def progress_line(result: dict, config: dict) -> str:
     return line + " [" + ", ".join(f"{name} {state}" for name, state in result["nodes"].items()) + "]"
 
 
+def earlier_settings(path: Path) -> dict:
+    """What the earlier run's settings.json is and its object, read without following a link (the job could
+    have replaced it)."""
+    try:
+        kind = file_kind(os.lstat(path))
+    except FileNotFoundError:
+        kind = "missing"
+    return {"kind": kind, "value": read_json(path)}
+
+
 def run(args: argparse.Namespace) -> int:
     job_dir = Path(args.job_dir)
+    if args.previous:
+        if not os.path.lexists(job_dir / "job.json"):
+            emit_result({"state": "new", "changed": False})
+            return 0
+        settings = earlier_settings(job_dir / "settings.json")
     if not job_dir.is_dir():
         raise UserError(f"job directory {job_dir} not found")
     if args.nodes:
@@ -178,5 +198,5 @@ def run(args: argparse.Namespace) -> int:
             break
     if current["state"] in ("running", "restarting") and time.time() >= deadline:
         current = snapshot(job_dir, nodes, args.stale_after, final=True)
-    emit_result(current)
+    emit_result({**current, "settings": settings} if args.previous else current)
     return 0

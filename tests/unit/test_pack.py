@@ -146,3 +146,36 @@ def test_pack_then_unpack_round_trip(cli, tampered: Path, tmp_path: Path):
     assert result["files"] == 3 and result["skipped"] == []
     assert (run / "result.json").read_text() == '{"val_acc": 0.9}\n'
     assert int((run / "result.json").stat().st_mtime) == int((tampered / "result.json").stat().st_mtime)
+
+
+def test_pack_summarises_a_started_job_and_packs_into_a_new_temporary_file(cli, tmp_path: Path):
+    job = tmp_path / "job"
+    (job / "nodes/node2").mkdir(parents=True)
+    epoch = {"event": "epoch", "epoch": 0, "loss": 1.0, "val_acc": 0.5, "epoch_time": 1.0, "seeds_per_s": 10.0}
+    (job / "metrics.jsonl").write_text(json.dumps(epoch) + "\n")
+    code, result, _ = cli("pack", "--report", "--job-dir", job, "--match", "summary.txt|metrics.jsonl")
+    archive = Path(result["archive"])
+    try:
+        assert code == 0 and result["changed"] and result["reported"] and result["report_error"] is None
+        with tarfile.open(archive) as tar:
+            assert sorted(tar.getnames()) == ["metrics.jsonl", "summary.txt"]
+    finally:
+        archive.unlink()
+    code, result, _ = cli("pack", "--report", "--job-dir", job, "--out", tmp_path / "again.tar")
+    assert result["changed"] is False and result["archive"] == str(tmp_path / "again.tar")
+
+
+def test_pack_does_not_summarise_a_job_that_never_started(cli, tmp_path: Path):
+    job = tmp_path / "job"
+    job.mkdir()
+    (job / "job.json").write_text("{}\n")
+    code, result, _ = cli("pack", "--report", "--job-dir", job, "--out", tmp_path / "job.tar")
+    assert code == 0 and result["reported"] is False and not (job / "summary.txt").exists()
+
+
+def test_pack_still_packs_a_program_whose_metrics_are_in_a_format_of_its_own(cli, tmp_path: Path):
+    job = tmp_path / "job"
+    (job / "nodes/node2").mkdir(parents=True)
+    (job / "metrics.jsonl").write_text('{"event": "epoch", "epoch": 0, "acc": 0.5}\n')
+    code, result, _ = cli("pack", "--report", "--job-dir", job, "--out", tmp_path / "job.tar")
+    assert code == 0 and result["report_error"] == "KeyError: 'val_acc'" and result["files"] == 1

@@ -87,6 +87,23 @@ def test_missing_job_dir_is_a_clear_error(cli, tmp_path):
     assert code == 2 and "nope not found" in err
 
 
+def test_a_look_for_an_earlier_run_reads_its_state_and_settings_without_following_a_link(cli, finished_local_job,
+                                                                                        tmp_path):
+    code, result, _ = cli("watch", "--previous", "--job-dir", tmp_path / "never-ran", "--nodes", "node0")
+    assert code == 0 and result == {"state": "new", "changed": False}
+    job = copy_job(finished_local_job, tmp_path)
+    (job / "job.json").write_text("{}\n")
+    (job / "settings.json").write_text('{"epochs": 5}\n')
+    code, result, _ = cli("watch", "--previous", "--job-dir", job, "--nodes", "node0")
+    assert result["state"] == "succeeded" and result["settings"] == {"kind": "file", "value": {"epochs": 5}}
+    outside = tmp_path / "outside.json"
+    outside.write_text('{"secret": 1}\n')
+    (job / "settings.json").unlink()
+    (job / "settings.json").symlink_to(outside)
+    code, result, _ = cli("watch", "--previous", "--job-dir", job, "--nodes", "node0")
+    assert result["settings"] == {"kind": "a symbolic link", "value": None}
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_watch_follows_a_running_job_and_sigterm_stops_it(cli, partition_1, tmp_path):

@@ -2,6 +2,7 @@
 """Unpack a job's results archive (`dglkit pack`) into its run folder on the controller.
 
 Usage: unpack_results.py ARCHIVE RUN_FOLDER
+The run folder is made when missing; the archive (the controller's copy, fetched for this) is removed afterwards.
 The archive comes from a directory the job could write, so it is not trusted: only regular-file members with
 relative names that stay inside the run folder are written; links, hard links, devices, FIFOs, absolute names
 and names with ".." are left out and named. Nothing is written through a link: directories are entered by
@@ -68,6 +69,7 @@ def problem(member: tarfile.TarInfo) -> str:
 
 def unpack(archive: str, dest: str) -> dict:
     files, written, skipped = 0, 0, []
+    os.makedirs(dest, 0o755, exist_ok=True)
     root = os.open(dest, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         with tarfile.open(archive) as tar:
@@ -97,4 +99,7 @@ def unpack(archive: str, dest: str) -> dict:
 
 
 if __name__ == "__main__":
-    print(json.dumps(unpack(sys.argv[1], sys.argv[2])))
+    try:
+        print(json.dumps(unpack(sys.argv[1], sys.argv[2])))
+    finally:
+        os.unlink(sys.argv[1])

@@ -1,7 +1,8 @@
 """Distributed GraphSAGE node classification written the way DGL's distributed examples are: started by DGL's
 tools/launch.py (or the kit) once per server and, through torchrun, once per trainer. It imports nothing of
 the kit; it needs `tabulate`, which the node environment does not have (requirements.txt). Like DGL's examples
-it reads the node data `features`, `labels` and the masks (the kit stores `feat`: dgl_job_node_data_names).
+it reads the node data `features`, `labels` and the masks (the kit stores `feat`: dgl_job_node_data_names, or
+--features feat).
 
 Test switches: --quiet_seconds (train without printing anything for that long), --crash_rank/--crash_epoch
 (one trainer raises). --output_dir receives metrics.jsonl in the kit's format and result.json.
@@ -30,14 +31,14 @@ class SAGE(nn.Module):
         return self.layers[1](blocks[1], h)
 
 
-def accuracy(model, g, nids, sampler, batch_size):
+def accuracy(model, g, features, nids, sampler, batch_size):
     """Correct predictions and seeds over all trainers."""
     model.eval()
     counts = th.zeros(2, dtype=th.float64)
     loader = dgl.dataloading.DistNodeDataLoader(g, nids, sampler, batch_size=batch_size, shuffle=False)
     with th.no_grad():
         for input_nodes, seeds, blocks in loader:
-            pred = model(blocks, g.ndata["features"][input_nodes]).argmax(1)
+            pred = model(blocks, g.ndata[features][input_nodes]).argmax(1)
             counts += th.tensor([(pred == g.ndata["labels"][seeds].long()).sum().item(), len(seeds)],
                                 dtype=th.float64)
     th.distributed.all_reduce(counts)
@@ -58,7 +59,7 @@ def main(args):
     n_classes = int(g.ndata["labels"][0:g.num_nodes()].max()) + 1
     sampler = dgl.dataloading.NeighborSampler([int(f) for f in args.fan_out.split(",")])
     loader = dgl.dataloading.DistNodeDataLoader(g, train_nid, sampler, batch_size=args.batch_size, shuffle=True)
-    model = th.nn.parallel.DistributedDataParallel(SAGE(g.ndata["features"].shape[1], args.num_hidden, n_classes))
+    model = th.nn.parallel.DistributedDataParallel(SAGE(g.ndata[args.features].shape[1], args.num_hidden, n_classes))
     optimizer = th.optim.Adam(model.parameters(), lr=args.lr)
     metrics = None
     if rank == 0 and args.output_dir:
@@ -74,7 +75,7 @@ def main(args):
             for step, (input_nodes, seeds, blocks) in enumerate(loader):
                 if rank == args.crash_rank and epoch == args.crash_epoch and step == 2:
                     raise RuntimeError(f"injected crash on rank {rank} in epoch {epoch}")
-                x = g.ndata["features"][input_nodes]
+                x = g.ndata[args.features][input_nodes]
                 y = g.ndata["labels"][seeds].long()
                 pred = model(blocks, x)
                 loss = F.cross_entropy(pred, y)
@@ -86,9 +87,9 @@ def main(args):
         if epoch == 0 and args.quiet_seconds:
             time.sleep(args.quiet_seconds)
         th.distributed.all_reduce(totals)
-        val_acc = accuracy(model.module, g, val_nid, sampler, args.batch_size)
+        val_acc = accuracy(model.module, g, args.features, val_nid, sampler, args.batch_size)
         epoch_time = time.time() - tic
-        record = {"event": "epoch", "epoch": epoch, "loss": totals[0].item() / totals[2].item(),
+        record = {"event": "epoch", "epoch": epoch, "time": time.time(), "loss": totals[0].item() / totals[2].item(),
                   "train_acc": totals[1].item() / totals[2].item(), "val_acc": val_acc, "epoch_time": epoch_time,
                   "seeds_per_s": totals[2].item() / epoch_time}
         rows.append([epoch, record["loss"], record["val_acc"]])
@@ -97,7 +98,7 @@ def main(args):
         if metrics:
             metrics.write(json.dumps(record) + "\n")
             metrics.flush()
-    test_acc = accuracy(model.module, g, test_nid, sampler, args.batch_size)
+    test_acc = accuracy(model.module, g, args.features, test_nid, sampler, args.batch_size)
     print(tabulate(rows, headers=["epoch", "loss", "val_acc"], floatfmt=".4f"), flush=True)
     print(f"Part {rank} | Test Acc {test_acc:.4f}", flush=True)
     if metrics:
@@ -117,6 +118,7 @@ if __name__ == "__main__":
     parser.add_argument("--fan_out", type=str, default="10,25")
     parser.add_argument("--batch_size", type=int, default=100)
     parser.add_argument("--lr", type=float, default=0.01)
+    parser.add_argument("--features", type=str, default="features", help="the node data name of the features")
     parser.add_argument("--output_dir", type=str, default="", help="where rank 0 writes metrics.jsonl")
     parser.add_argument("--local_rank", type=int, help="set by torch.distributed.launch; unused")
     parser.add_argument("--quiet_seconds", type=float, default=0, help="print nothing and pause after epoch 0")
