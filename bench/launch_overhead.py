@@ -122,7 +122,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--nodes", type=int, default=100_000, help="synthetic graph's nodes")
     parser.add_argument("--name", default="launch",
-                        help="test cluster name (DGLKIT_CLUSTER_PREFIX is prepended to the default)")
+                        help="test cluster name (DGLKIT_CLUSTER_PREFIX is prepended)")
     parser.add_argument("--keep", action="store_true", help="keep the test cluster afterwards")
     benchlib.add_common_arguments(parser, "1 run each, 2 epochs")
     args = benchlib.parse(parser, "launch_overhead", print_table)
