@@ -23,7 +23,7 @@ def test_the_role_reads_the_declared_defaults_types_and_choices() -> None:
     specs = yaml.safe_load((REPO / settings.SPECS_FILE).read_text())["argument_specs"]
     for setting in settings.SETTINGS.values():
         assert defaults[setting.var] == setting.default, setting.var
-        spec = specs[setting.entry]["options"][setting.var]
+        spec = specs["main"]["options"][setting.var]
         assert spec["type"] == setting.type and spec.get("choices", []) == list(setting.choices), setting.var
     assert set(defaults) == {s.var for s in settings.SETTINGS.values()}
     assert set(specs["main"]["options"]) == {s.var for s in settings.SETTINGS.values() if s.entry == "main"}
