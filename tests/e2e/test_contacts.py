@@ -17,8 +17,8 @@ if TYPE_CHECKING:
     from conftest import Cluster, PlaybookRun
 
 # Module runs per host of a no-op run: (storage host, each worker).
-SITE_BOUND = (18, 10)
-TRAIN_BOUND = (1, 1)
+SITE_BOUND = (19, 11)
+TRAIN_BOUND = (40, 20)
 # A job that finishes in seconds.
 JOB = ["-e", "dgl_job_synthetic_nodes=5000", "-e", "dgl_job_epochs=1", "-e", "dgl_job_batch_size=100"]
 
