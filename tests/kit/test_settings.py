@@ -26,7 +26,7 @@ def test_the_role_reads_the_declared_defaults_types_and_choices() -> None:
         spec = specs["main"]["options"][setting.var]
         assert spec["type"] == setting.type and spec.get("choices", []) == list(setting.choices), setting.var
     assert set(defaults) == {s.var for s in settings.SETTINGS.values()}
-    assert set(specs["main"]["options"]) == {s.var for s in settings.SETTINGS.values() if s.entry == "main"}
+    assert set(specs["main"]["options"]) == {s.var for s in settings.SETTINGS.values()}
     sample = yaml.safe_load((REPO / settings.SAMPLE_FILE).read_text())
     assert sample == {s.var: s.default for s in settings.SETTINGS.values() if s.sample == "value"}
 
