@@ -15,7 +15,7 @@ script prints and appends to bench/results/launch_overhead.jsonl: controller sta
 (its start time from /proc: the test hosts' processes are this machine's), -> first epoch and last epoch -> end
 (the program's epoch records carry their time; the hosts share this machine's clock), and the whole wall.
 
-    .venv/bin/python bench/launch_overhead.py --launch-py ../shared/baseline/dgl_launch.py [--runs 5]
+    .venv/bin/python bench/launch_overhead.py --launch-py /path/to/dgl/tools/launch.py [--runs 5]
     .venv/bin/python bench/launch_overhead.py --table [--since 2026-12-05T01]
 """
 

@@ -3,7 +3,7 @@ with no job and after a finished one, and train.yml re-run for a finished job. W
 (plugins/callback/contacts.py), the slowest tasks (profile_tasks) in the logs. Appends to bench/results/noop.jsonl.
 
     .venv/bin/python bench/noop.py --runs 5                    # 4 hosts: node1 storage, node2-4 workers
-    .venv/bin/python bench/noop.py --runs 5 --repo /work/main  # the same with another checkout's playbooks
+    .venv/bin/python bench/noop.py --runs 5 --repo ../other-checkout  # the same with another checkout's playbooks
     .venv/bin/python bench/noop.py --table
 
 The cluster is stood up from the venv seed the e2e tier keeps (tests/cluster/clusterclient.py), one small job is run
