@@ -20,7 +20,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from dglkit.common import read_json, read_text
+from dglkit.common import CHECKPOINT, read_json, read_text
 
 # What a process says when another one died under it (gloo, DGL's RPC, sockets) or when it was stopped.
 PEER_LOST = re.compile(r"Connection (reset|closed|refused)|Broken pipe|DistConnectError|socket_communicator|"
@@ -103,7 +103,7 @@ def progress(job_dir: Path) -> dict[str, Any]:
     except OSError:
         epochs = 0
     try:
-        saved = (job_dir / "checkpoint.pt").stat().st_mtime
+        saved = (job_dir / CHECKPOINT).stat().st_mtime
     except OSError:
         saved = None
     return {"epochs": epochs, "checkpoint": saved}

@@ -17,10 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from dglkit.common import beat
-
-NAME = "checkpoint.pt"
-SPARSE_DIR = "checkpoint-sparse"
+from dglkit.common import CHECKPOINT, CHECKPOINT_SPARSE, beat
 
 
 def rng_state() -> dict:
@@ -40,20 +37,20 @@ def save(out_dir: Path, task: Any, epoch: int, metrics: list[dict], best: dict) 
     rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
     if task.embeddings:
         beat()
-        (out_dir / SPARSE_DIR).mkdir(exist_ok=True)
-        torch.save(sparse_rows(task), out_dir / SPARSE_DIR / f"{epoch}-{rank}.pt")
+        (out_dir / CHECKPOINT_SPARSE).mkdir(exist_ok=True)
+        torch.save(sparse_rows(task), out_dir / CHECKPOINT_SPARSE / f"{epoch}-{rank}.pt")
     # Also the barrier after which every trainer's rows are on disk.
     states: list = [None] * world
     torch.distributed.all_gather_object(states, rng_state())
     if rank != 0:
         return
     beat()
-    tmp = out_dir / f".{NAME}.tmp"
+    tmp = out_dir / f".{CHECKPOINT}.tmp"
     torch.save({"epoch": epoch, "model": task.model.module.state_dict(), "optimizer": task.optimizer.state_dict(),
                 "rng": states, "metrics": metrics, "best": best, "sparse_ranks": world if task.embeddings else 0},
                tmp)
-    os.replace(tmp, out_dir / NAME)
-    for old in (out_dir / SPARSE_DIR).glob("*.pt") if task.embeddings else ():
+    os.replace(tmp, out_dir / CHECKPOINT)
+    for old in (out_dir / CHECKPOINT_SPARSE).glob("*.pt") if task.embeddings else ():
         if not old.name.startswith(f"{epoch}-"):
             old.unlink()
     beat()
@@ -62,7 +59,7 @@ def save(out_dir: Path, task: Any, epoch: int, metrics: list[dict], best: dict) 
 def load(out_dir: Path, task: Any) -> tuple[int, list[dict], dict | None, int]:
     """Restore the last checkpoint if there is one: (first epoch to run, metrics so far, best model record,
     rows of learnt embeddings restored by all trainers together)."""
-    path = out_dir / NAME
+    path = out_dir / CHECKPOINT
     if not path.is_file():
         return 0, [], None, 0
     checkpoint = torch.load(path, map_location="cpu")
@@ -74,7 +71,7 @@ def load(out_dir: Path, task: Any) -> tuple[int, list[dict], dict | None, int]:
     if task.embeddings and saved_world:
         # With fewer trainers than before, each also takes over the rows of the ranks that are gone.
         for saved_rank in range(rank, saved_world, world):
-            restored += load_sparse_rows(task, torch.load(out_dir / SPARSE_DIR / f"{checkpoint['epoch']}-{saved_rank}.pt"))
+            restored += load_sparse_rows(task, torch.load(out_dir / CHECKPOINT_SPARSE / f"{checkpoint['epoch']}-{saved_rank}.pt"))
         # Also the barrier after which every row is back on the servers.
         torch.distributed.all_reduce(restored)
     states = checkpoint["rng"]

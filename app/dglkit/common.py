@@ -15,6 +15,11 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import numpy as np
 
+# The job directory's checkpoint (dglkit/checkpoint.py writes it); named here for the commands that must not
+# import torch to look at it: jobdir, watch, blame.
+CHECKPOINT = "checkpoint.pt"
+CHECKPOINT_SPARSE = "checkpoint-sparse"
+
 
 class UserError(Exception):
     """Bad input or environment, reported as one line that says what to fix (exit code 2)."""

@@ -1,10 +1,11 @@
 """`dglkit jobdir`: make a job's directory ready for a run, in one command on the storage host (train.yml).
 
-Nothing of an earlier run is deleted: every entry but the kept names moves to history/<k>/ (k = 1, 2, ...), so
-the new run starts from a clean directory. A kept name that is not what the kit made there (a link, a FIFO, a
-file with a second name: the job's doing) moves like the rest, a history/ that is not a directory first. Then
-nodes/<node>/ is made for every node and job.json and settings.json are written, each to a new file renamed over
-its name: nothing is written through a link. Run it as the job account, whose directory it is.
+Nothing of an earlier run is deleted: every entry but job.json, settings.json and history/ (and with --resume
+true the checkpoint) moves to history/<k>/ (k = 1, 2, ...), so the new run starts from a clean directory. A
+kept name that is not what the kit made there (a link, a FIFO, a file with a second name: the job's doing) moves
+like the rest, a history/ that is not a directory first. Then nodes/<node>/ is made for every node and job.json
+and settings.json are written, each to a new file renamed over its name: nothing is written through a link. Run
+it as the job account, whose directory it is.
 """
 
 import argparse
@@ -13,21 +14,25 @@ import os
 import stat
 from pathlib import Path
 
-from dglkit.common import emit_result, write_json
+from dglkit.common import CHECKPOINT, CHECKPOINT_SPARSE, emit_result, write_json
+
+KEPT = ["job.json", "settings.json", "history"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--job-dir", required=True, type=Path, help="the job directory (made when missing)")
     parser.add_argument("--nodes", required=True, help="comma-separated node names: nodes/<node>/ each")
-    parser.add_argument("--keep", default="job.json,settings.json,history",
-                        help="comma-separated names that stay in place (the rest moves to history/<k>/)")
+    parser.add_argument("--resume", choices=["true", "false"], default="false",
+                        help="keep the checkpoint in place, so that the run continues from it (dgl_job_resume)")
     parser.add_argument("--config", required=True, help="job.json's content: a JSON object")
     parser.add_argument("--settings", required=True, help="settings.json's content: a JSON object")
 
 
 def made_by_kit(job_dir: Path, name: str) -> bool:
     st = os.lstat(job_dir / name)
-    return stat.S_ISDIR(st.st_mode) if name == "history" else stat.S_ISREG(st.st_mode) and st.st_nlink == 1
+    if name in ("history", CHECKPOINT_SPARSE):
+        return stat.S_ISDIR(st.st_mode)
+    return stat.S_ISREG(st.st_mode) and st.st_nlink == 1
 
 
 def archive(job_dir: Path, kept: list[str]) -> str | None:
@@ -51,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     files = {"job.json": json.loads(args.config), "settings.json": json.loads(args.settings)}
     job_dir: Path = args.job_dir
     job_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
-    moved = archive(job_dir, args.keep.split(","))
+    moved = archive(job_dir, KEPT + ([CHECKPOINT, CHECKPOINT_SPARSE] if args.resume == "true" else []))
     for node in filter(None, args.nodes.split(",")):
         (job_dir / "nodes" / node).mkdir(mode=0o755, parents=True, exist_ok=True)
     for name, value in files.items():

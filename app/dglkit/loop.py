@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from dglkit import checkpoint
-from dglkit.common import UserError, beat
+from dglkit.common import CHECKPOINT, UserError, beat
 
 
 class Task(Protocol):
@@ -59,7 +59,7 @@ def fit(args: argparse.Namespace, task: Task) -> None:
             # Kept in the history, so that the summary can count every restart and the time it cost.
             history.append({"event": "resume", "epoch": first_epoch, "time": time.time()})
             restored = f" with {restored_rows} rows of learnt embeddings" if task.embeddings else ""
-            log(rank, f"resumed from {out_dir / checkpoint.NAME} at epoch {first_epoch}{restored}")
+            log(rank, f"resumed from {out_dir / CHECKPOINT} at epoch {first_epoch}{restored}")
         # A resumed run rewrites the curves up to its checkpoint, so they continue without the lost epochs.
         for record in history:
             write_event(metrics, record)

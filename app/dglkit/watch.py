@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from dglkit.blame import cause_of, history, repeats, same_error
-from dglkit.common import UserError, emit_result, file_kind, read_json, read_text, shared_fs_now
+from dglkit.common import CHECKPOINT, UserError, emit_result, file_kind, read_json, read_text, shared_fs_now
 
 # Seconds between looks at the job directory: the end of a job is seen within this (a look is a few stats).
 POLL = 0.2
@@ -111,7 +111,7 @@ def verdict(job_dir: Path, failed: dict, max_restarts: int) -> dict:
     ran = attempt if started else attempt - 1
     causes = [past for past in history(job_dir) if past["started"]] + ([cause] if started else [])
     same = same_error(causes)
-    checkpoint = (job_dir / "checkpoint.pt").exists()
+    checkpoint = (job_dir / CHECKPOINT).exists()
     message = f"failed on {cause['node']}: {cause['process']}: {cause['reason']}"
     if cause["where"]:
         message += f" (at {cause['where']})"

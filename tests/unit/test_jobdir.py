@@ -45,13 +45,17 @@ def test_the_earlier_run_moves_to_history_and_no_link_is_written_through(cli, tm
     assert not (job / "nodes/node2/launcher.log").exists()
 
 
-def test_a_second_rerun_gets_the_next_history_entry_and_kept_names_stay(cli, tmp_path: Path):
+def test_resume_keeps_the_checkpoint_and_a_second_rerun_gets_the_next_history_entry(cli, tmp_path: Path):
     job = tmp_path / "job"
     jobdir(cli, job)
     (job / "checkpoint.pt").write_text("weights\n")
-    _, result, _ = jobdir(cli, job, "--keep", "job.json,settings.json,history,checkpoint.pt")
+    (job / "checkpoint-sparse").mkdir()
+    (job / "checkpoint-sparse" / "3-0.pt").write_text("rows\n")
+    _, result, _ = jobdir(cli, job, "--resume", "true")
     assert result["history"] == str(job / "history" / "1") and (job / "checkpoint.pt").is_file()
+    assert (job / "checkpoint-sparse" / "3-0.pt").is_file()
     (job / "FAILED").write_text("{}\n")
     _, result, _ = jobdir(cli, job)
     assert result["history"] == str(job / "history" / "2")
-    assert sorted(p.name for p in (job / "history" / "2").iterdir()) == ["FAILED", "checkpoint.pt", "nodes"]
+    assert sorted(p.name for p in (job / "history" / "2").iterdir()) == ["FAILED", "checkpoint-sparse", "checkpoint.pt",
+                                                                         "nodes"]
