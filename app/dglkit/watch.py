@@ -144,8 +144,10 @@ PROGRESS_FIGURES = ("loss", "train_acc", "val_acc", "val_mrr", "val_hits10")
 
 def progress_line(result: dict, config: dict) -> str:
     """One line for people: state, attempt, latest epoch and each node's state."""
+    # The kit's trainer reads job.json's "train" settings; a local job may give it --num-epochs instead.
     args = config.get("train_args", [])
-    epochs = args[args.index("--num-epochs") + 1] if "--num-epochs" in args[:-1] else "?"
+    epochs = config.get("train", {}).get("num_epochs") or (
+        args[args.index("--num-epochs") + 1] if "--num-epochs" in args[:-1] else "?")
     line = result["state"]
     progress = result["progress"]
     if progress:

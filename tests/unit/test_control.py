@@ -133,7 +133,7 @@ def make_job(jobs: Path, name: str, state: str, age: float) -> Path:
     """A job directory as the launchers leave it: job.json, a node's status.json and an epoch in metrics.jsonl."""
     job_dir = jobs / name
     (job_dir / "nodes/node2").mkdir(parents=True)
-    (job_dir / "job.json").write_text(json.dumps({"train_args": ["--num-epochs", "3"]}))
+    (job_dir / "job.json").write_text(json.dumps({"train": {"num_epochs": 3}, "train_args": ["--settings", "job.json"]}))
     (job_dir / "nodes/node2/status.json").write_text(json.dumps({"node": "node2", "state": state}))
     (job_dir / "metrics.jsonl").write_text(json.dumps({"event": "epoch", "epoch": 2, "loss": 0.5}) + "\n")
     os.utime(job_dir, (time.time() - age, time.time() - age))
