@@ -144,7 +144,8 @@ PROGRESS_FIGURES = ("loss", "train_acc", "val_acc", "val_mrr", "val_hits10")
 
 def progress_line(result: dict, config: dict) -> str:
     """One line for people: state, attempt, latest epoch and each node's state."""
-    # The kit's trainer reads job.json's "train" settings; a local job may give it --num-epochs instead.
+    # train.yml's job.json gives the trainer its settings in "train"; a job.json written for `dglkit launch --config`
+    # by hand may pass --num-epochs in train_args instead.
     args = config.get("train_args", [])
     epochs = config.get("train", {}).get("num_epochs") or (
         args[args.index("--num-epochs") + 1] if "--num-epochs" in args[:-1] else "?")
