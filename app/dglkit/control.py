@@ -4,13 +4,18 @@ stopping it with the check for what it left, and the job to report on with its p
     dglkit control unit
     dglkit control stop --user dglkit --server-port 30050 [--job-dir DIR] [--check]
     dglkit control progress --jobs /srv/dglkit/jobs [--units JSON]
+    dglkit control ready --workspace /srv/dglkit [--worker --ports 30050,29500]
+    dglkit control start --unit-text "$(cat dglkit-job.service)"
 
-Each prints one JSON line (with "changed"). `unit` and `stop` run as root; whatever they read or write in a job
-directory (job.json, STOP) they do as the job account, without following a link the job planted.
+Each prints one JSON line (with "changed"). `unit`, `stop` and `start` run as root; whatever they read or write in a job
+directory (job.json, STOP) they do as the job account, without following a link the job planted. `ready` runs as
+the job account with the node environment's Python: that it runs at all is part of what it checks.
 """
 
 import argparse
 import fnmatch
+import hashlib
+import importlib.util
 import json
 import os
 import pwd
@@ -24,10 +29,13 @@ from typing import Any
 from dglkit.common import UserError, emit_result, read_json, replace_file
 
 UNIT = "dglkit-job.service"
+UNIT_FILE = Path("/etc/systemd/system") / UNIT
 SHOW = ("LoadState", "ActiveState", "UnitFileState", "WorkingDirectory", "Description")
 # DGL names the graph's segments after the graph and the KVStore's after the data ("node~_N~feat-kvdata-").
 SHM_PATTERNS = ("node~*", "edge~*")
 STOP_NOTE = "stopped by playbooks/stop.yml\n"
+# Written by site.yml's firewall role: the ports it opens to the cluster.
+FIREWALL_RECORD = Path("/etc/dglkit/firewall.json")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -47,6 +55,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     progress.add_argument("--jobs", required=True, help="the workspace's jobs directory")
     progress.add_argument("--units", type=json.loads, default={},
                           help="JSON {worker: its unit as `dglkit control unit` describes it, or null: not reached}")
+    start = actions.add_parser("start", help="install the job unit and start it, now and at boot (root)")
+    start.add_argument("--unit-text", required=True, help="the unit file, as the playbook rendered it")
+    ready = actions.add_parser("ready", help="what train.yml checks before it starts a job on this node (as the job "
+                               "account): packages, ip_config.txt, the job unit, the job's ports, the firewall's")
+    ready.add_argument("--workspace", required=True, type=Path, help="the shared workspace (its ip_config.txt)")
+    ready.add_argument("--worker", action="store_true", help="a worker: read the firewall's record too")
+    ready.add_argument("--ports", type=lambda text: [int(port) for port in text.split(",") if port], default=[],
+                       help="the job's ports, comma separated, that must not be listening here")
+    ready.add_argument("--ports-wait", type=float, default=1, help="seconds a port in use may take to close")
 
 
 def parse_show(text: str) -> dict[str, str]:
@@ -174,14 +191,20 @@ def listening(ports: list[int], proc_net: Path = Path("/proc/net")) -> list[int]
     return [port for port in ports if port in found]
 
 
+def still_listening(ports: list[int], wait: float) -> list[int]:
+    """Those of ports that still listen after up to wait seconds (a job that just ended closes them)."""
+    deadline = time.time() + wait
+    while (busy := listening(ports)) and time.time() < deadline:
+        time.sleep(0.2)
+    return busy
+
+
 def leftovers(job_dir: str, config: dict[str, Any], args: argparse.Namespace, shm: Path = Path("/dev/shm")) -> list[str]:
     """What a stopped job left on this host, in words; its ports get --ports-wait seconds to close."""
     servers = int(config.get("num_servers", args.servers))
     ports = [*range(args.server_port, args.server_port + servers), int(config.get("master_port", args.master_port))]
     graph = Path(config["part_config"]).stem if config.get("part_config") else args.graph
-    deadline = time.time() + args.ports_wait
-    while (busy := listening(ports)) and time.time() < deadline:
-        time.sleep(0.2)
+    busy = still_listening(ports, args.ports_wait)
     processes, segments = job_processes(job_dir), shm_segments(graph, shm)
     return ((["processes " + ", ".join(processes)] if processes else [])
             + (["/dev/shm files " + ", ".join(segments)] if segments else [])
@@ -264,7 +287,39 @@ def progress(args: argparse.Namespace) -> dict[str, Any]:
     return {"changed": False, "job": job_dir.name if job_dir else None, "state": state, "lines": lines}
 
 
+def start(args: argparse.Namespace) -> dict[str, Any]:
+    """The unit file, then systemd's reload and the start: one round trip for the playbook instead of three."""
+    replace_file(UNIT_FILE, args.unit_text.encode())
+    for command in (["daemon-reload"], ["enable", "--now", UNIT]):
+        proc = subprocess.run(["systemctl", *command], capture_output=True, text=True, check=False)
+        if proc.returncode:
+            raise UserError(f"systemctl {' '.join(command)}: {proc.stderr.strip()}")
+    return {"changed": True}
+
+
+def file_record(path: Path) -> dict[str, Any]:
+    """What train.yml compares of ip_config.txt across the hosts: equal content and time, one shared file."""
+    try:
+        content, status = path.read_bytes(), path.stat()
+    except FileNotFoundError:
+        return {"exists": False}
+    return {"exists": True, "checksum": hashlib.sha1(content).hexdigest(), "mtime": status.st_mtime,
+            "lines": [line.strip() for line in content.decode(errors="replace").splitlines() if line.strip()]}
+
+
+def ready(args: argparse.Namespace) -> dict[str, Any]:
+    """One look per host instead of a task per check (each task is a round trip); the playbook judges the
+    answers, some of which it compares across hosts."""
+    missing = [name for name in ("dgl", "torch") if importlib.util.find_spec(name) is None]
+    if missing:
+        raise UserError(f"no {', '.join(missing)} in {sys.prefix}")
+    return {"changed": False, "ip_config": file_record(args.workspace / "ip_config.txt"), "unit": show_unit(),
+            "busy_ports": still_listening(args.ports, args.ports_wait),
+            "firewall": read_json(FIREWALL_RECORD) if args.worker else None}
+
+
 def run(args: argparse.Namespace) -> int:
-    actions = {"unit": lambda args: {"changed": False, "unit": show_unit(args.node)}, "stop": stop, "progress": progress}
+    actions = {"unit": lambda args: {"changed": False, "unit": show_unit(args.node)}, "stop": stop, "progress": progress,
+               "ready": ready, "start": start}
     emit_result(actions[args.action](args))
     return 0

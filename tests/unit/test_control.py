@@ -19,6 +19,7 @@ from dglkit.common import UserError
 from dglkit.control import (
     as_account,
     describe,
+    file_record,
     job_dirs,
     job_processes,
     leftovers,
@@ -27,6 +28,7 @@ from dglkit.control import (
     pick_job,
     request_stop,
     shm_segments,
+    still_listening,
 )
 
 SHOW = "LoadState={}\nActiveState={}\nUnitFileState=enabled\nWorkingDirectory=/srv/dglkit/jobs/j1\nDescription=dglkit job j1\n"
@@ -162,3 +164,22 @@ def test_status_shows_each_unit_the_progress_line_of_watch_and_the_hosts_not_rea
     assert result["state"] == "succeeded" and result["lines"] == [
         "node2: no job running", "j1: succeeded: epoch 3/3 loss 0.5000 [node2 succeeded]",
         "could not reach node3: its job unit is not shown (the progress above is the shared job directory's)"]
+
+
+def test_ready_reads_ip_config_as_stat_would_and_waits_for_ports_to_close(tmp_path: Path) -> None:
+    assert file_record(tmp_path / "ip_config.txt") == {"exists": False}
+    (tmp_path / "ip_config.txt").write_text("10.0.0.2 30050\n\n 10.0.0.3 30050 \n")
+    record = file_record(tmp_path / "ip_config.txt")
+    assert record["lines"] == ["10.0.0.2 30050", "10.0.0.3 30050"]
+    assert record["mtime"] == (tmp_path / "ip_config.txt").stat().st_mtime
+    # Ansible's stat checksum is SHA-1: the same file gives the same record wherever it is read.
+    assert record["checksum"] == subprocess.run(["sha1sum", str(tmp_path / "ip_config.txt")], capture_output=True,
+                                                text=True, check=True).stdout.split()[0]
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        started = time.monotonic()
+        assert still_listening([port], 0.4) == [port]
+        assert time.monotonic() - started >= 0.4
+    assert still_listening([port], 5) == []
