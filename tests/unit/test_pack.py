@@ -2,10 +2,13 @@
 the job tampered with: links, FIFOs, hard links and directories where its files were. Nothing is read
 through them, nothing outside the run folder is written, and what was left out is named."""
 
+import base64
 import importlib.util
 import io
 import json
 import os
+import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -125,7 +128,7 @@ def test_unpack_writes_regular_files_inside_the_run_folder_only(tmp_path: Path):
     # What an older kit's unarchive could have left: links where a directory and a file go.
     (run / "nodes").symlink_to(outside)
     (run / "FAILED").symlink_to(outside / "keep")
-    result = unpack_results.unpack(str(archive), str(run))
+    result = unpack_results.unpack(archive.open("rb"), str(run))
     assert result["changed"] and result["files"] == 2
     assert sorted(result["skipped"]) == ["../escaped (a name outside the run folder)",
                                          "/abs (a name outside the run folder)", "fifo (a FIFO)",
@@ -135,32 +138,32 @@ def test_unpack_writes_regular_files_inside_the_run_folder_only(tmp_path: Path):
     assert sorted(p.name for p in outside.iterdir()) == ["keep"] and (outside / "keep").read_text() == "mine\n"
     assert not (tmp_path / "runs/escaped").exists() and sorted(p.name for p in run.iterdir()) == ["FAILED", "nodes"]
     # The same archive again changes nothing.
-    assert unpack_results.unpack(str(archive), str(run))["changed"] is False
+    assert unpack_results.unpack(archive.open("rb"), str(run))["changed"] is False
 
 
 def test_pack_then_unpack_round_trip(cli, tampered: Path, tmp_path: Path):
     archive, run = tmp_path / "job.tar", tmp_path / "run"
     run.mkdir()
     cli("pack", "--job-dir", tampered, "--out", archive)
-    result = unpack_results.unpack(str(archive), str(run))
+    result = unpack_results.unpack(archive.open("rb"), str(run))
     assert result["files"] == 3 and result["skipped"] == []
     assert (run / "result.json").read_text() == '{"val_acc": 0.9}\n'
     assert int((run / "result.json").stat().st_mtime) == int((tampered / "result.json").stat().st_mtime)
 
 
-def test_pack_summarises_a_started_job_and_packs_into_a_new_temporary_file(cli, tmp_path: Path):
+def test_pack_summarises_a_started_job_and_puts_the_archive_in_its_result(cli, tmp_path: Path):
     job = tmp_path / "job"
     (job / "nodes/node2").mkdir(parents=True)
     epoch = {"event": "epoch", "epoch": 0, "loss": 1.0, "val_acc": 0.5, "epoch_time": 1.0, "seeds_per_s": 10.0}
     (job / "metrics.jsonl").write_text(json.dumps(epoch) + "\n")
     code, result, _ = cli("pack", "--report", "--job-dir", job, "--match", "summary.txt|metrics.jsonl")
-    archive = Path(result["archive"])
-    try:
-        assert code == 0 and result["changed"] and result["reported"] and result["report_error"] is None
-        with tarfile.open(archive) as tar:
-            assert sorted(tar.getnames()) == ["metrics.jsonl", "summary.txt"]
-    finally:
-        archive.unlink()
+    assert code == 0 and result["changed"] and result["reported"] and result["report_error"] is None
+    with tarfile.open(fileobj=io.BytesIO(base64.b64decode(result["archive_base64"]))) as tar:
+        assert sorted(tar.getnames()) == ["metrics.jsonl", "summary.txt"]
+    # As train.yml unpacks it: the base64 on the script's stdin.
+    unpacked = subprocess.run([sys.executable, REPO / "roles/dgl_job/files/unpack_results.py", tmp_path / "run"],
+                              input=result["archive_base64"], capture_output=True, text=True, check=True)
+    assert json.loads(unpacked.stdout)["written"] == 2 and (tmp_path / "run/summary.txt").read_text()
     code, result, _ = cli("pack", "--report", "--job-dir", job, "--out", tmp_path / "again.tar")
     assert result["changed"] is False and result["archive"] == str(tmp_path / "again.tar")
 

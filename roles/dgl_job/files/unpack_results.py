@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Unpack a job's results archive (`dglkit pack`) into its run folder on the controller.
 
-Usage: unpack_results.py ARCHIVE RUN_FOLDER
-The run folder is made when missing; the archive (the controller's copy, fetched for this) is removed afterwards.
+Usage: unpack_results.py RUN_FOLDER < archive in base64 (`dglkit pack`'s "archive_base64")
+The run folder is made when missing.
 The archive comes from a directory the job could write, so it is not trusted: only regular-file members with
 relative names that stay inside the run folder are written; links, hard links, devices, FIFOs, absolute names
 and names with ".." are left out and named. Nothing is written through a link: directories are entered by
@@ -11,6 +11,8 @@ temporary file that is renamed over its name. A file whose size and modification
 again. Prints one JSON line: {"changed", "files", "written", "skipped"}.
 """
 
+import base64
+import io
 import json
 import os
 import stat
@@ -67,12 +69,12 @@ def problem(member: tarfile.TarInfo) -> str:
     return ""
 
 
-def unpack(archive: str, dest: str) -> dict:
+def unpack(archive: io.BufferedIOBase, dest: str) -> dict:
     files, written, skipped = 0, 0, []
     os.makedirs(dest, 0o755, exist_ok=True)
     root = os.open(dest, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        with tarfile.open(archive) as tar:
+        with tarfile.open(fileobj=archive) as tar:
             for member in tar:
                 reason = problem(member)
                 if reason:
@@ -99,7 +101,4 @@ def unpack(archive: str, dest: str) -> dict:
 
 
 if __name__ == "__main__":
-    try:
-        print(json.dumps(unpack(sys.argv[1], sys.argv[2])))
-    finally:
-        os.unlink(sys.argv[1])
+    print(json.dumps(unpack(io.BytesIO(base64.b64decode(sys.stdin.buffer.read())), sys.argv[1])))
