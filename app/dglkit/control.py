@@ -290,7 +290,8 @@ def progress(args: argparse.Namespace) -> dict[str, Any]:
 def start(args: argparse.Namespace) -> dict[str, Any]:
     """The unit file, then systemd's reload and the start: one round trip for the playbook instead of three."""
     replace_file(UNIT_FILE, args.unit_text.encode())
-    for command in (["daemon-reload"], ["enable", "--now", UNIT]):
+    # One reload (enable would reload again by itself): systemd reads the new file, then enables and starts it.
+    for command in (["daemon-reload"], ["enable", "--now", "--no-reload", UNIT]):
         proc = subprocess.run(["systemctl", *command], capture_output=True, text=True, check=False)
         if proc.returncode:
             raise UserError(f"systemctl {' '.join(command)}: {proc.stderr.strip()}")
