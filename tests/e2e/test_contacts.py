@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from conftest import Cluster, PlaybookRun
 
 # Module runs per host of a no-op run: (storage host, each worker).
-SITE_BOUND = (19, 11)
+SITE_BOUND = (16, 10)
 TRAIN_BOUND = (5, 1)
 # A job that finishes in seconds.
 JOB = ["-e", "dgl_job_synthetic_nodes=5000", "-e", "dgl_job_epochs=1", "-e", "dgl_job_batch_size=100"]

@@ -128,17 +128,18 @@ def test_a_re_run_skips_the_slow_steps_and_redoes_those_whose_records_went_stale
         cluster: Cluster, runs: dict[str, PlaybookRun]) -> None:
     slow = ["dgl_app : Unpack the app into the workspace", "python_env : Install the pinned node packages",
             "python_env : Import dgl and torch"]
+    # Skipped, or not even included: a host whose records are current does not evaluate the steps that write.
     for task in slow:
         statuses = task_statuses(runs["second"].output, task)
-        assert statuses and all(s == {"skipping"} for s in statuses.values()), (task, statuses)
+        assert all(s == {"skipping"} for s in statuses.values()), (task, statuses)
     cluster.ssh("node1", f"echo stale > {WORKSPACE}/app/.fingerprint && rm {WORKSPACE}/app/dglkit/watch.py"
                          f" && echo stale > {WORKSPACE}/venv/dglkit-requirements/installed.txt")
     cluster.ssh("node2", "rm /var/lib/dglkit/python_env.verified")
     run = cluster.playbook("site.yml")
-    assert task_statuses(run.output, slow[0]) == {"node1": {"changed"}, "node2": {"skipping"}, "node3": {"skipping"}}
+    assert task_statuses(run.output, slow[0]) == {"node1": {"changed"}}
     # pip finds every pinned package installed: it runs, changes nothing, and the record is rewritten.
     assert task_statuses(run.output, slow[1]) == {"node1": {"ok"}}
-    assert task_statuses(run.output, slow[2]) == {"node1": {"skipping"}, "node2": {"ok"}, "node3": {"skipping"}}
+    assert task_statuses(run.output, slow[2]) == {"node2": {"ok"}}
     assert (cluster.workspace / "app/dglkit/watch.py").read_text() == (REPO / "app/dglkit/watch.py").read_text()
     assert cluster.playbook("site.yml").changed_hosts() == []
 
