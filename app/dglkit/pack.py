@@ -13,12 +13,12 @@ train.yml collects a job in one command on the storage host.
 
 import argparse
 import base64
-import io
 import os
 import re
 import stat
 import sys
 import tarfile
+import tempfile
 from pathlib import Path
 from typing import BinaryIO
 
@@ -30,9 +30,14 @@ DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--job-dir", required=True, type=Path, help="the job directory to pack")
-    parser.add_argument("--out", type=Path, help="the archive to write (replaced); default: none, the archive goes "
-                        "in the result's \"archive_base64\" (train.yml reads it from the command's output: no file "
-                        "to fetch and remove, two round trips fewer)")
+    parser.add_argument("--out", type=Path, help="the archive to write (replaced); default: a new temporary file, "
+                        "named in the result's \"archive\", or, up to --inline-mb, no file: the archive in the "
+                        "result's \"archive_base64\"")
+    parser.add_argument("--inline-mb", type=float, default=32,
+                        help="without --out, an archive up to this size goes in the result instead of a file "
+                        "(train.yml then reads it from the command's output: no file to fetch and remove, two "
+                        "round trips fewer; a larger one is fetched, not held in the controller's memory several "
+                        "times over) (%(default)s)")
     parser.add_argument("--match", default=".*",
                         help="regular expression that a file's path relative to the job directory must match whole")
     parser.add_argument("--report", action="store_true",
@@ -77,15 +82,13 @@ def walk(fd: int, prefix: str = ""):
                 os.close(sub)
 
 
-def pack(job_dir: Path, out: Path | BinaryIO, match: str) -> tuple[int, list[str]]:
-    """Write the archive (to a path or an open file); returns the number of files in it and the entries left
-    out, with what each was."""
+def pack(job_dir: Path, out: Path, match: str) -> tuple[int, list[str]]:
+    """Write the archive; returns the number of files in it and the entries left out, with what each was."""
     wanted = re.compile(match)
     packed, skipped = 0, []
     root = os.open(job_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        target = {"name": out} if isinstance(out, Path) else {"fileobj": out}
-        with tarfile.open(mode="w", format=tarfile.GNU_FORMAT, **target) as tar:
+        with tarfile.open(out, "w", format=tarfile.GNU_FORMAT) as tar:
             for path, st, fd, name in walk(root):
                 if stat.S_ISDIR(st.st_mode) or not wanted.fullmatch(path):
                     continue
@@ -129,13 +132,16 @@ def summarise(job_dir: Path) -> dict:
 
 def run(args: argparse.Namespace) -> int:
     summary = summarise(args.job_dir) if args.report else {"changed": False}
-    if args.out:
-        packed, skipped = pack(args.job_dir, args.out, args.match)
-        where = {"archive": str(args.out)}
-    else:
-        buffer = io.BytesIO()
-        packed, skipped = pack(args.job_dir, buffer, args.match)
-        where = {"archive_base64": base64.b64encode(buffer.getvalue()).decode()}
+    out = args.out
+    if out is None:
+        fd, name = tempfile.mkstemp(prefix="dglkit-pack-", suffix=".tar")
+        os.close(fd)
+        out = Path(name)
+    packed, skipped = pack(args.job_dir, out, args.match)
+    where: dict[str, str] = {"archive": str(out)}
+    if args.out is None and out.stat().st_size <= args.inline_mb * 2**20:
+        where = {"archive_base64": base64.b64encode(out.read_bytes()).decode()}
+        out.unlink()
     for entry in skipped:
         print(f"dglkit pack: warning: left out {entry}", file=sys.stderr)
     emit_result({**summary, **where, "files": packed, "skipped": skipped})

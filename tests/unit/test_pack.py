@@ -151,7 +151,7 @@ def test_pack_then_unpack_round_trip(cli, tampered: Path, tmp_path: Path):
     assert int((run / "result.json").stat().st_mtime) == int((tampered / "result.json").stat().st_mtime)
 
 
-def test_pack_summarises_a_started_job_and_puts_the_archive_in_its_result(cli, tmp_path: Path):
+def test_pack_summarises_a_started_job_and_puts_a_small_archive_in_its_result(cli, tmp_path: Path):
     job = tmp_path / "job"
     (job / "nodes/node2").mkdir(parents=True)
     epoch = {"event": "epoch", "epoch": 0, "loss": 1.0, "val_acc": 0.5, "epoch_time": 1.0, "seeds_per_s": 10.0}
@@ -164,6 +164,13 @@ def test_pack_summarises_a_started_job_and_puts_the_archive_in_its_result(cli, t
     unpacked = subprocess.run([sys.executable, REPO / "roles/dgl_job/files/unpack_results.py", tmp_path / "run"],
                               input=result["archive_base64"], capture_output=True, text=True, check=True)
     assert json.loads(unpacked.stdout)["written"] == 2 and (tmp_path / "run/summary.txt").read_text()
+    # A larger archive is a file, which train.yml fetches; unpacking removes the fetched copy.
+    code, result, _ = cli("pack", "--job-dir", job, "--match", "summary.txt|metrics.jsonl", "--inline-mb", "0")
+    archive = Path(result["archive"])
+    assert code == 0 and "archive_base64" not in result and archive.is_file()
+    unpacked = subprocess.run([sys.executable, REPO / "roles/dgl_job/files/unpack_results.py", tmp_path / "run2",
+                               archive], capture_output=True, text=True, check=True)
+    assert json.loads(unpacked.stdout)["written"] == 2 and not archive.exists()
     code, result, _ = cli("pack", "--report", "--job-dir", job, "--out", tmp_path / "again.tar")
     assert result["changed"] is False and result["archive"] == str(tmp_path / "again.tar")
 

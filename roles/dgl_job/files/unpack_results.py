@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Unpack a job's results archive (`dglkit pack`) into its run folder on the controller.
 
-Usage: unpack_results.py RUN_FOLDER < archive in base64 (`dglkit pack`'s "archive_base64")
-The run folder is made when missing.
+Usage: unpack_results.py RUN_FOLDER [ARCHIVE]
+The archive is the file ARCHIVE (the controller's copy, fetched for this, removed afterwards) or, without it, the
+base64 on standard input (`dglkit pack`'s "archive_base64"). The run folder is made when missing.
 The archive comes from a directory the job could write, so it is not trusted: only regular-file members with
 relative names that stay inside the run folder are written; links, hard links, devices, FIFOs, absolute names
 and names with ".." are left out and named. Nothing is written through a link: directories are entered by
@@ -18,6 +19,7 @@ import os
 import stat
 import sys
 import tarfile
+import typing
 
 DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -69,7 +71,7 @@ def problem(member: tarfile.TarInfo) -> str:
     return ""
 
 
-def unpack(archive: io.BufferedIOBase, dest: str) -> dict:
+def unpack(archive: typing.BinaryIO, dest: str) -> dict:
     files, written, skipped = 0, 0, []
     os.makedirs(dest, 0o755, exist_ok=True)
     root = os.open(dest, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -101,4 +103,11 @@ def unpack(archive: io.BufferedIOBase, dest: str) -> dict:
 
 
 if __name__ == "__main__":
-    print(json.dumps(unpack(io.BytesIO(base64.b64decode(sys.stdin.buffer.read())), sys.argv[1])))
+    if len(sys.argv) > 2:
+        try:
+            with open(sys.argv[2], "rb") as fetched:
+                print(json.dumps(unpack(fetched, sys.argv[1])))
+        finally:
+            os.unlink(sys.argv[2])
+    else:
+        print(json.dumps(unpack(io.BytesIO(base64.b64decode(sys.stdin.buffer.read())), sys.argv[1])))
