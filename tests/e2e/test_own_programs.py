@@ -102,6 +102,18 @@ def test_a_program_without_requirements_runs_with_the_node_venv(site: Cluster, r
     assert_no_program_left(site)
 
 
+def test_a_large_output_comes_back_as_a_fetched_archive(site: Cluster, runs: Path):
+    # Over 32 MB the results archive is a file that train.yml fetches and removes, not command output.
+    bare = PROGRAM.parent / "feature_sum"
+    run = run_program(site, runs, bare, "python3 feature_sum.py --graph_name {graph_name} --ip_config {ip_config} "
+                      "--part_config {part_config} --output_dir {output_dir} --extra_mb 40", names={})
+    folder = run_folder(run.output)
+    assert (folder / "extra.bin").stat().st_size == 40 << 20
+    assert not list(runs.glob(".*.tar")), list(runs.glob(".*.tar"))
+    assert site.ssh("node1", "ls /tmp | grep -c dglkit-pack || true").stdout.strip() == "0"
+    assert_no_program_left(site)
+
+
 def test_the_same_program_silent_longer_than_the_stall_timeout_is_not_copied_again(
         site: Cluster, runs: Path, program: Path):
     versions = sorted(p.name for p in (site.workspace / "programs").iterdir())

@@ -21,6 +21,9 @@ def main(args):
     if g.rank() == 0 and args.output_dir:
         with open(os.path.join(args.output_dir, "result.json"), "w") as f:
             json.dump({"feature_sum": totals[0].item(), "num_nodes": int(totals[1])}, f)
+        if args.extra_mb:
+            with open(os.path.join(args.output_dir, "extra.bin"), "wb") as f:
+                f.write(os.urandom(args.extra_mb << 20))
     th.distributed.barrier()
 
 
@@ -30,4 +33,5 @@ if __name__ == "__main__":
     parser.add_argument("--ip_config", type=str)
     parser.add_argument("--part_config", type=str)
     parser.add_argument("--output_dir", type=str, default="")
+    parser.add_argument("--extra_mb", type=int, default=0, help="rank 0 also writes this many MB of random bytes")
     main(parser.parse_args())
