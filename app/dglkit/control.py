@@ -5,6 +5,8 @@ stopping it with the check for what it left, and the job to report on with its p
     dglkit control stop --user dglkit --server-port 30050 [--job-dir DIR] [--check]
     dglkit control progress --jobs /srv/dglkit/jobs [--units JSON]
     dglkit control ready --workspace /srv/dglkit [--worker --ports 30050,29500]
+                         [--lock LOCK --lock-owner TEXT --job-dir DIR --nodes a,b]   (the storage host)
+    dglkit control release --lock LOCK
     dglkit control start --unit-text "$(cat dglkit-job.service)"
 
 Each prints one JSON line (with "changed"). `unit`, `stop` and `start` run as root; whatever they read or write in a job
@@ -26,7 +28,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from dglkit import lock
 from dglkit.common import UserError, emit_result, read_json, replace_file
+from dglkit.watch import earlier_run
 
 UNIT = "dglkit-job.service"
 UNIT_FILE = Path("/etc/systemd/system") / UNIT
@@ -64,6 +68,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     ready.add_argument("--ports", type=lambda text: [int(port) for port in text.split(",") if port], default=[],
                        help="the job's ports, comma separated, that must not be listening here")
     ready.add_argument("--ports-wait", type=float, default=1, help="seconds a port in use may take to close")
+    ready.add_argument("--lock", help="the storage host: take the starter's lock first (a directory; held: its owner)")
+    ready.add_argument("--lock-owner", default="", help="who takes the lock: user, controller, job, time")
+    ready.add_argument("--job-dir", type=Path, help="the storage host: look for an earlier run of this job")
+    ready.add_argument("--nodes", default="", help="the job's nodes, comma separated (with --job-dir)")
+    ready.add_argument("--stale-after", type=float, default=120, help="as for `dglkit watch` (with --job-dir)")
+    release = actions.add_parser("release", help="release the starter's lock that `ready --lock` took")
+    release.add_argument("--lock", required=True, help="the lock directory")
 
 
 def parse_show(text: str) -> dict[str, str]:
@@ -310,17 +321,39 @@ def file_record(path: Path) -> dict[str, Any]:
 
 def ready(args: argparse.Namespace) -> dict[str, Any]:
     """One look per host instead of a task per check (each task is a round trip); the playbook judges the
-    answers, some of which it compares across hosts."""
+    answers, some of which it compares across hosts. On the storage host it also takes the starter's lock and
+    then looks for an earlier run of the job, which the lock keeps another starter from changing meanwhile."""
     missing = [name for name in ("dgl", "torch") if importlib.util.find_spec(name) is None]
     if missing:
         raise UserError(f"no {', '.join(missing)} in {sys.prefix}")
-    return {"changed": False, "ip_config": file_record(args.workspace / "ip_config.txt"), "unit": show_unit(),
-            "busy_ports": still_listening(args.ports, args.ports_wait),
-            "firewall": read_json(FIREWALL_RECORD) if args.worker else None}
+    answer: dict[str, Any] = {"changed": False}
+    if args.lock:
+        holder = lock.take(args.lock, args.lock_owner)
+        answer["lock"] = {"taken": holder is None, "held_by": holder}
+    try:
+        answer.update(ip_config=file_record(args.workspace / "ip_config.txt"), unit=show_unit(),
+                      busy_ports=still_listening(args.ports, args.ports_wait),
+                      firewall=read_json(FIREWALL_RECORD) if args.worker else None)
+        if args.job_dir and not answer.get("lock", {}).get("held_by"):
+            answer["previous"] = earlier_run(args.job_dir, [node for node in args.nodes.split(",") if node],
+                                             args.stale_after)
+    except BaseException:
+        # The playbook releases only a lock that an answer says was taken: a failed look answers nothing.
+        if answer.get("lock", {}).get("taken"):
+            lock.release(args.lock)
+        raise
+    return answer
+
+
+def release(args: argparse.Namespace) -> dict[str, Any]:
+    """The starter's lock that `ready --lock` took (train.yml releases it once its launchers run, or it failed)."""
+    lock.release(args.lock)
+    return {"changed": False}
 
 
 def run(args: argparse.Namespace) -> int:
     actions = {"unit": lambda args: {"changed": False, "unit": show_unit(args.node)}, "stop": stop, "progress": progress,
-               "ready": ready, "start": start}
+               "ready": ready, "start": start,
+               "release": release}
     emit_result(actions[args.action](args))
     return 0

@@ -28,9 +28,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--wait", type=float, default=0, help="wait up to this many seconds for a change")
     parser.add_argument("--stale-after", type=float, default=30,
                         help="a running node whose status is older than this many seconds counts as failed")
-    parser.add_argument("--previous", action="store_true",
-                        help="train.yml's look at an earlier run: state \"new\" without a job.json, else also "
-                        "\"settings\": {\"kind\": what settings.json is, \"value\": its object or null}")
 
 
 def node_states(job_dir: Path, nodes: list[str], stale_after: float) -> dict[str, dict]:
@@ -176,13 +173,18 @@ def earlier_settings(path: Path) -> dict:
     return {"kind": kind, "value": read_json(path)}
 
 
+def earlier_run(job_dir: Path, nodes: list[str], stale_after: float) -> dict:
+    """train.yml's look at an earlier run (`dglkit control ready --job-dir`): state "new" without a job.json, else
+    its state now and "settings": {"kind": what settings.json is, "value": its object or null}."""
+    if not os.path.lexists(job_dir / "job.json"):
+        return {"state": "new"}
+    if not nodes:
+        raise UserError(f"no nodes to judge {job_dir}'s earlier run by: pass --nodes a,b")
+    return {**snapshot(job_dir, nodes, stale_after, final=True), "settings": earlier_settings(job_dir / "settings.json")}
+
+
 def run(args: argparse.Namespace) -> int:
     job_dir = Path(args.job_dir)
-    if args.previous:
-        if not os.path.lexists(job_dir / "job.json"):
-            emit_result({"state": "new", "changed": False})
-            return 0
-        settings = earlier_settings(job_dir / "settings.json")
     if not job_dir.is_dir():
         raise UserError(f"job directory {job_dir} not found")
     if args.nodes:
@@ -201,5 +203,5 @@ def run(args: argparse.Namespace) -> int:
             break
     if current["state"] in ("running", "restarting") and time.time() >= deadline:
         current = snapshot(job_dir, nodes, args.stale_after, final=True)
-    emit_result({**current, "settings": settings} if args.previous else current)
+    emit_result(current)
     return 0

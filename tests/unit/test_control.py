@@ -183,3 +183,25 @@ def test_ready_reads_ip_config_as_stat_would_and_waits_for_ports_to_close(tmp_pa
         assert still_listening([port], 0.4) == [port]
         assert time.monotonic() - started >= 0.4
     assert still_listening([port], 5) == []
+
+
+def test_ready_on_the_storage_host_takes_the_starters_lock_before_it_looks_for_the_earlier_run(
+        cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # No systemd on this machine: the unit's state is the e2e tier's to read (test_jobs.py).
+    monkeypatch.setattr("dglkit.control.show_unit", lambda: {"running": False})
+    lock, job = tmp_path / "jobs" / ".start.lock", tmp_path / "jobs" / "job-1"
+    storage = ["control", "ready", "--workspace", tmp_path, "--lock", lock, "--lock-owner", "ann on ctl starting job-1",
+               "--job-dir", job, "--nodes", "node0"]
+    code, answer, _ = cli(*storage)
+    assert code == 0 and answer["lock"] == {"taken": True, "held_by": None} and answer["previous"] == {"state": "new"}
+    assert (lock / "owner").read_text() == "ann on ctl starting job-1\n"
+    # A second starter is told who holds it and looks no further: the holder may be changing the job directory.
+    code, answer, _ = cli(*storage)
+    assert answer["lock"] == {"taken": False, "held_by": "ann on ctl starting job-1"} and "previous" not in answer
+    assert cli("control", "release", "--lock", lock)[0] == 0 and not lock.exists()
+    # A look that fails after the lock was taken leaves no lock behind: the playbook releases only what it was told of.
+    job.parent.mkdir(exist_ok=True)
+    (job / "job.json").parent.mkdir()
+    (job / "job.json").write_text("{}")
+    code, _, err = cli(*storage[:-2], "--nodes", "")
+    assert code == 2 and "no nodes" in err and not lock.exists()

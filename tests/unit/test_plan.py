@@ -129,10 +129,10 @@ def test_a_program_replaces_the_trainer_in_job_json() -> None:
     assert out["run_settings"]["node_data_names"] == {"feat": "features"}
 
 
-def test_the_command_reads_stdin_with_the_standard_library_alone() -> None:
+def test_the_command_runs_with_the_standard_library_alone() -> None:
     # -S: no site-packages, as on a controller whose Python has Ansible and nothing else.
     request = {"settings": {"dgl_job_epochs": "7"}, "workers": ["a"], "partition": PARTITION}
-    proc = subprocess.run([sys.executable, "-S", "-m", "dglkit", "plan"], input=json.dumps(request),
+    proc = subprocess.run([sys.executable, "-S", "-m", "dglkit", "plan", "--request", json.dumps(request)],
                           env={"PYTHONPATH": str(REPO / "app")}, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)

@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from dglkit.watch import earlier_run
 from localjob import ENDLESS_TRAIN_ARGS, assert_job_gone, start_local_job
 
 
@@ -87,21 +88,18 @@ def test_missing_job_dir_is_a_clear_error(cli, tmp_path):
     assert code == 2 and "nope not found" in err
 
 
-def test_a_look_for_an_earlier_run_reads_its_state_and_settings_without_following_a_link(cli, finished_local_job,
-                                                                                        tmp_path):
-    code, result, _ = cli("watch", "--previous", "--job-dir", tmp_path / "never-ran", "--nodes", "node0")
-    assert code == 0 and result == {"state": "new", "changed": False}
+def test_a_look_for_an_earlier_run_reads_its_state_and_settings_without_following_a_link(finished_local_job, tmp_path):
+    assert earlier_run(tmp_path / "never-ran", ["node0"], 30) == {"state": "new"}
     job = copy_job(finished_local_job, tmp_path)
     (job / "job.json").write_text("{}\n")
     (job / "settings.json").write_text('{"epochs": 5}\n')
-    code, result, _ = cli("watch", "--previous", "--job-dir", job, "--nodes", "node0")
+    result = earlier_run(job, ["node0"], 30)
     assert result["state"] == "succeeded" and result["settings"] == {"kind": "file", "value": {"epochs": 5}}
     outside = tmp_path / "outside.json"
     outside.write_text('{"secret": 1}\n')
     (job / "settings.json").unlink()
     (job / "settings.json").symlink_to(outside)
-    code, result, _ = cli("watch", "--previous", "--job-dir", job, "--nodes", "node0")
-    assert result["settings"] == {"kind": "a symbolic link", "value": None}
+    assert earlier_run(job, ["node0"], 30)["settings"] == {"kind": "a symbolic link", "value": None}
 
 
 @pytest.mark.slow
