@@ -79,6 +79,7 @@ def main() -> None:
         (Path(tmp) / "poll.yml").write_text(PLAYBOOK)
         extra = {"__dgl_job_dir": str(job_dir), "__dgl_job_nodes": nodes, "dgl_job_venv": str(benchlib.REPO / ".venv"),
                  "__dgl_job_storage_host": "localhost", "__dgl_job_job_id": "bench", "dgl_job_poll_seconds": 0,
+                 "dgl_job_progress_seconds": 0,
                  # The watch runs as this user: there is no job account on the controller (a variable beats the
                  # task's `become: true`).
                  "ansible_become": False}

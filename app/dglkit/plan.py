@@ -116,8 +116,9 @@ def check(s: dict[str, Any], given: dict[str, Any]) -> list[str]:
         (bool(negative), f"{', '.join(negative)} must be >= 0"),
         (not 0 <= s["dropout"] < 1, f"dgl_job_dropout={raw('dropout')}: use a value in [0, 1)"),
         (s["lr"] <= 0, f"dgl_job_lr={raw('lr')}: use a positive learning rate"),
-        (s["stall_timeout"] < 10 or s["stale_after"] < 10 or s["poll_seconds"] < 1,
-         "dgl_job_stall_timeout and dgl_job_stale_after must be >= 10 and dgl_job_poll_seconds >= 1"),
+        (s["stall_timeout"] < 10 or s["stale_after"] < 10 or s["poll_seconds"] < 1 or s["progress_seconds"] < 0,
+         "dgl_job_stall_timeout and dgl_job_stale_after must be >= 10, dgl_job_poll_seconds >= 1 and "
+         "dgl_job_progress_seconds >= 0"),
         (s["max_restarts"] < 0 or s["checkpoint_every"] < 0 or s["restart_wait"] < 10,
          "dgl_job_max_restarts and dgl_job_checkpoint_every must be >= 0 and dgl_job_restart_wait >= 10"),
         (not re.fullmatch(r"([1-9][0-9]*[KMGT]?|([1-9][0-9]?|100)%|infinity)?", s["memory_max"]),

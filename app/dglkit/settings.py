@@ -182,6 +182,9 @@ SECTIONS: list[tuple[Section, list[Setting]]] = [
                 "job before the watch gives up.", PLAYBOOK, sample=None),
         Setting("poll_seconds", "int", 30, "Longest wait of one `dglkit watch` poll; it returns earlier when the job "
                 "changes.", PLAYBOOK, sample=None),
+        Setting("progress_seconds", "int", 5, "Shortest time between two progress lines of a running job (each line "
+                "is a poll: a round trip and a Python start on the storage host); a change of state is reported at "
+                "once.", PLAYBOOK, sample=None),
     ]),
     (Section("Job id and results", "Job id: empty derives it from the settings and the partition, so the same job run "
              "twice is found\nfinished the second time (nothing runs, changed=0). Set dgl_job_force: true to run it "

@@ -1,7 +1,8 @@
 """Report a job's state across all nodes from the shared job directory (status.json, FAILED, STOP,
 metrics.jsonl).
 
-Prints one JSON line and returns as soon as the state or the progress changes, or after --wait seconds.
+Prints one JSON line and returns as soon as the state changes, or the progress (not before --progress-after
+seconds), or after --wait seconds.
 A node whose status.json is missing or older than --stale-after seconds (launcher dead, host down) counts as
 failed once the wait is over, when the job has no restarts (with restarts the launchers judge that, and the
 job fails here only when every node is silent). Ages are judged on one clock: status.json's modification time
@@ -26,6 +27,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--job-dir", required=True, help="the job directory shared by all nodes")
     parser.add_argument("--nodes", help="comma-separated node names (default: every <job dir>/nodes/* so far)")
     parser.add_argument("--wait", type=float, default=0, help="wait up to this many seconds for a change")
+    parser.add_argument("--progress-after", type=float, default=0,
+                        help="return on a progress change only once this many seconds have passed (a change of "
+                        "state at once): fewer polls of a job whose epochs are short")
     parser.add_argument("--stale-after", type=float, default=30,
                         help="a running node whose status is older than this many seconds counts as failed")
 
@@ -193,13 +197,15 @@ def run(args: argparse.Namespace) -> int:
         nodes = sorted(path.name for path in (job_dir / "nodes").glob("*") if path.is_dir())
     if not nodes:
         raise UserError(f"no nodes: pass --nodes a,b (nothing in {job_dir}/nodes yet)")
-    deadline = time.time() + args.wait
+    started = time.time()
+    deadline = started + args.wait
     first = snapshot(job_dir, nodes, args.stale_after, final=False)
     current = first
     while current["state"] in ("running", "restarting") and time.time() < deadline:
         time.sleep(min(POLL, max(deadline - time.time(), 0)))
         current = snapshot(job_dir, nodes, args.stale_after, final=False)
-        if (current["state"], current["progress"]) != (first["state"], first["progress"]):
+        if current["state"] != first["state"] or (
+                current["progress"] != first["progress"] and time.time() - started >= args.progress_after):
             break
     if current["state"] in ("running", "restarting") and time.time() >= deadline:
         current = snapshot(job_dir, nodes, args.stale_after, final=True)

@@ -85,8 +85,9 @@ def test_values_given_as_strings_are_the_same_job() -> None:
     ({"samplers": -1}, "dgl_job_samplers must be >= 0"),
     ({"dropout": 1.5}, "dgl_job_dropout=1.5: use a value in [0, 1)"),
     ({"lr": "0"}, "dgl_job_lr=0: use a positive learning rate"),
-    ({"stall_timeout": 5}, "dgl_job_stall_timeout and dgl_job_stale_after must be >= 10 and dgl_job_poll_seconds >= 1"),
-    ({"poll_seconds": 0}, "dgl_job_stall_timeout and dgl_job_stale_after must be >= 10 and dgl_job_poll_seconds >= 1"),
+    ({"stall_timeout": 5}, "dgl_job_stall_timeout and dgl_job_stale_after must be >= 10, dgl_job_poll_seconds >= 1"),
+    ({"poll_seconds": 0}, "dgl_job_stall_timeout and dgl_job_stale_after must be >= 10, dgl_job_poll_seconds >= 1"),
+    ({"progress_seconds": -1}, "and dgl_job_progress_seconds >= 0"),
     ({"restart_wait": 5}, "dgl_job_max_restarts and dgl_job_checkpoint_every must be >= 0 and dgl_job_restart_wait >= 10"),
     ({"checkpoint_every": -1}, "dgl_job_max_restarts and dgl_job_checkpoint_every must be >= 0"),
     ({"memory_max": "8GB"}, "dgl_job_memory_max=8GB: use bytes with K, M, G or T (e.g. 48G), a percentage of the "

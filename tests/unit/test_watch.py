@@ -4,6 +4,7 @@ import json
 import os
 import shutil
 import signal
+import threading
 import time
 
 import pytest
@@ -86,6 +87,28 @@ def test_a_node_without_status_after_the_wait_fails_the_job(cli, finished_local_
 def test_missing_job_dir_is_a_clear_error(cli, tmp_path):
     code, _, err = cli("watch", "--job-dir", tmp_path / "nope")
     assert code == 2 and "nope not found" in err
+
+
+def test_progress_is_reported_after_progress_after_but_a_change_of_state_at_once(cli, tmp_path):
+    job = tmp_path / "job"
+    (job / "nodes" / "node0").mkdir(parents=True)
+    (job / "job.json").write_text("{}")
+    status = job / "nodes" / "node0" / "status.json"
+    status.write_text('{"state": "running", "attempt": 1}')
+
+    def later(path, text):
+        time.sleep(0.3)
+        path.write_text(text)
+
+    threading.Thread(target=later, args=(job / "metrics.jsonl", '{"event": "epoch", "epoch": 0, "loss": 1.0}\n')).start()
+    started = time.time()
+    code, result, _ = cli("watch", "--job-dir", job, "--nodes", "node0", "--wait", 20, "--progress-after", 2)
+    assert code == 0 and result["state"] == "running" and result["progress"]["epoch"] == 0
+    assert 2 <= time.time() - started < 10
+    threading.Thread(target=later, args=(status, '{"state": "succeeded", "attempt": 1}')).start()
+    started = time.time()
+    code, result, _ = cli("watch", "--job-dir", job, "--nodes", "node0", "--wait", 20, "--progress-after", 20)
+    assert code == 0 and result["state"] == "succeeded" and time.time() - started < 5
 
 
 def test_a_look_for_an_earlier_run_reads_its_state_and_settings_without_following_a_link(finished_local_job, tmp_path):
