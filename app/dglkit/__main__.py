@@ -17,13 +17,14 @@ COMMANDS = {
     "report": ("dglkit.report", "summarise a finished job: summary and training curves"),
     "pack": ("dglkit.pack", "a job directory's regular files as one tar archive (links and FIFOs left out)"),
     "settings": ("dglkit.settings", "write the files generated from the job settings' declaration (--write)"),
-    "plan": ("dglkit.plan", "check a job's settings and derive its id and files (the controller, JSON on stdin)"),
+    "plan": ("dglkit.plan", "check a job's settings and derive its id and files (the controller, JSON in --request)"),
     "control": ("dglkit.control", "the job unit on this node: its state, stopping it, what a stopped job left"),
 }
 
+THEN = "--then"
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+
+def run_command(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="dglkit", description=__doc__)
     commands = parser.add_subparsers(dest="subcommand", required=True, metavar="COMMAND")
     chosen = argv[0] if argv and argv[0] in COMMANDS else None
@@ -40,6 +41,22 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as error:
         print(f"dglkit {args.subcommand}: error: {error}", file=sys.stderr)
         return 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`dglkit A ARGS --then B ARGS`: commands in order, in one process, until one fails. A playbook runs steps
+    that follow each other (prepare, then partition) as one task: one round trip and one Python start."""
+    segments: list[list[str]] = [[]]
+    for arg in sys.argv[1:] if argv is None else argv:
+        if arg == THEN:
+            segments.append([])
+        else:
+            segments[-1].append(arg)
+    for segment in segments:
+        code = run_command(segment)
+        if code:
+            return code
+    return 0
 
 
 if __name__ == "__main__":

@@ -270,3 +270,19 @@ def test_distributed_builder_needs_arrays_and_steps(cli, tmp_path):
     assert code == 2 and "--step" in err
     code, _, err = distributed(cli, dataset, tmp_path / "parts", 2, "part", "--part", 2)
     assert code == 2 and "--part between 0 and 1" in err and not (tmp_path / "parts").exists()
+
+
+def test_prepare_then_partition_run_as_one_command_and_a_failure_stops_the_chain(dglkit, tmp_path):
+    # As roles/dgl_dataset runs them: one process, a result line per command.
+    dataset, out = tmp_path / "data", tmp_path / "parts"
+    prepare = ["prepare", "--dataset", "synthetic", "--out", dataset, "--num-nodes", "400", "--feat-dim", "4"]
+    proc = dglkit(*prepare, "--then", *partition_args(dataset, out, 2))
+    results = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert [result["changed"] for result in results] == [True, True] and results[1]["num_parts"] == 2
+    proc = dglkit(*prepare, "--then", *partition_args(dataset, out, 2))
+    assert [json.loads(line)["changed"] for line in proc.stdout.splitlines() if line.startswith("{")] == [False, False]
+    # A partition of a dataset that the first command could not prepare is never attempted.
+    proc = dglkit("prepare", "--dataset", "files", "--out", tmp_path / "nothing", "--path", tmp_path / "missing",
+                  "--then", *partition_args(tmp_path / "nothing", tmp_path / "parts-2", 1), check=False)
+    assert proc.returncode == 2 and "dglkit prepare: error" in proc.stderr and "dglkit partition" not in proc.stderr
+    assert not (tmp_path / "parts-2").exists()
