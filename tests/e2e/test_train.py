@@ -1,8 +1,8 @@
 """playbooks/train.yml, status.yml and stop.yml on the training cluster (node1 storage, node2 and node3
 workers; conftest.train_cluster: stood up once with site.yml, firewall on, node3's cluster address given as a
 host name; test_builtin_tasks and test_own_programs use it first): training across hosts, the same job again
-(changed=0), two site.yml at once (the second refused by the first's lock), ip_config.txt with a line that
-is no worker's, a job needing ports the firewall keeps closed, a trainer killed while the controller is away (restart
+(changed=0), two site.yml at once (the second refused by the first's lock), a train.yml while another starter
+holds the job lock, ip_config.txt with a line that is no worker's, a job needing ports the firewall keeps closed, a trainer killed while the controller is away (restart
 from the checkpoint, then a new train.yml attaches), a server killed with no restarts (fails fast), an outsider on
 the cluster network probing a running job and stop.yml during a restart, a worker host that shuts down and boots
 again mid-job (the job restarts with it), stop.yml while the job waits for a host that is down, and a worker host
@@ -17,6 +17,7 @@ import json
 import os
 import pwd
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -184,6 +185,25 @@ def test_a_second_site_run_is_refused_while_the_first_holds_the_lock(site: Clust
     assert f"(if that playbook is gone, remove {lock} on node1)" in second.flat()
     assert second.returncode != 0 and second.changed_hosts() == [], second.recap
     assert site.ssh("node1", f"test -e {lock}", check=False).returncode != 0  # the first released it
+
+
+def test_a_train_run_is_refused_while_another_starter_holds_its_lock(site: Cluster, runs: Path) -> None:
+    # What a train.yml leaves from its pre-flight until its launchers run: the lock with its owner line.
+    lock = site.workspace / "jobs" / ".start.lock"
+    lock.mkdir()
+    (lock / "owner").write_text("ann on ctl starting job-x since 2026-12-05 10:00:00 UTC\n")
+    try:
+        run = train(site, runs, *JOB, check=False)
+        assert run.returncode != 0 and run.changed_hosts() == [], run.recap
+        assert ("node1: another train.yml is starting a job on this cluster (ann on ctl starting job-x since 2026-12-05 "
+                "10:00:00 UTC): wait for it to start its job and run again (if that playbook is gone, remove "
+                "/srv/dglkit/jobs/.start.lock on node1)") in flat(run.output), run.output[-3000:]
+        assert (lock / "owner").is_file()  # a refused run leaves the holder's lock alone
+    finally:
+        shutil.rmtree(lock)
+    # The pre-flight alone looks without taking it.
+    site.playbook("playbooks/preflight.yml", check=False)
+    assert not lock.exists()
 
 
 def test_an_ip_config_line_that_is_no_workers_is_named(site: Cluster) -> None:
