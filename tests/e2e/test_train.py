@@ -2,11 +2,12 @@
 workers; conftest.train_cluster: stood up once with site.yml, firewall on, node3's cluster address given as a
 host name; test_builtin_tasks and test_own_programs use it first): training across hosts, the same job again
 (changed=0), two site.yml at once (the second refused by the first's lock), a train.yml while another starter
-holds the job lock, ip_config.txt with a line that is no worker's, a job needing ports the firewall keeps closed, a trainer killed while the controller is away (restart
-from the checkpoint, then a new train.yml attaches), a server killed with no restarts (fails fast), an outsider on
-the cluster network probing a running job and stop.yml during a restart, a worker host that shuts down and boots
-again mid-job (the job restarts with it), stop.yml while the job waits for a host that is down, and a worker host
-that goes down for good. test_jobs.py resizes its cluster.
+holds the job lock, ip_config.txt with a line that is no worker's, a job needing ports the firewall keeps
+closed, a trainer killed while the controller is away (restart from the checkpoint, then a new train.yml
+attaches), a server killed with no restarts (fails fast), an outsider on the cluster network probing a running
+job and stop.yml during a restart, a worker host that shuts down and boots again mid-job (the job restarts with
+it), stop.yml while the job waits for a host that is down, and a worker host that goes down for good.
+test_jobs.py resizes its cluster.
 
 The tests share the cluster and run in file order: each leaves every host clean for the next.
 """
