@@ -327,19 +327,19 @@ def ready(args: argparse.Namespace) -> dict[str, Any]:
     if missing:
         raise UserError(f"no {', '.join(missing)} in {sys.prefix}")
     answer: dict[str, Any] = {"changed": False}
+    holder = lock.take(args.lock, args.lock_owner) if args.lock else None
     if args.lock:
-        holder = lock.take(args.lock, args.lock_owner)
         answer["lock"] = {"taken": holder is None, "held_by": holder}
     try:
         answer.update(ip_config=file_record(args.workspace / "ip_config.txt"), unit=show_unit(),
                       busy_ports=still_listening(args.ports, args.ports_wait),
                       firewall=read_json(FIREWALL_RECORD) if args.worker else None)
-        if args.job_dir and not answer.get("lock", {}).get("held_by"):
+        if args.job_dir and holder is None:
             answer["previous"] = earlier_run(args.job_dir, [node for node in args.nodes.split(",") if node],
                                              args.stale_after)
     except BaseException:
         # The playbook releases only a lock that an answer says was taken: a failed look answers nothing.
-        if answer.get("lock", {}).get("taken"):
+        if args.lock and holder is None:
             lock.release(args.lock)
         raise
     return answer
@@ -353,7 +353,6 @@ def release(args: argparse.Namespace) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     actions = {"unit": lambda args: {"changed": False, "unit": show_unit(args.node)}, "stop": stop, "progress": progress,
-               "ready": ready, "start": start,
-               "release": release}
+               "ready": ready, "start": start, "release": release}
     emit_result(actions[args.action](args))
     return 0
