@@ -87,13 +87,13 @@ def kill_and_wait(cluster: clusterlib.Cluster, job_dir: str, target: str, node: 
 
 
 def find(cluster: clusterlib.Cluster, node: str, target: str) -> int | None:
-    """PID of the DGL server (DGL_ROLE=server) or the trainer (torchrun's child, not a sampler) on node."""
+    """PID of the DGL server (DGL_ROLE=server) or the trainer (RANK set, not a sampler) on node."""
     for proc in cluster.job_processes().get(node, []):
         try:
             env, cmdline = proc.environ(), proc.cmdline()
         except Exception:
             continue
-        # `python [-u] -m dglkit train`: not torchrun (-m torch.distributed.run), not a spawned sampler (-c ...)
+        # `python [-u] -m dglkit train`: not a plain run's torchrun (-m torch.distributed.run), not a sampler (-c)
         runs_train = "-m" in cmdline and cmdline[cmdline.index("-m") + 1:][:2] == ["dglkit", "train"]
         if target == "server" and env.get("DGL_ROLE") == "server" and runs_train:
             return proc.pid

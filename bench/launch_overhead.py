@@ -64,9 +64,10 @@ def train_yml(cluster: Cluster, epochs: int, nodes: int) -> list[str]:
 
 
 class TrainerWatch(threading.Thread):
-    """The start time of the first trainer process (DGL_ROLE=client under torchrun: RANK set) on a host of this
-    cluster (its cgroup; other clusters on the machine have the same job account), from /proc. Trainers live for
-    the whole job, so a coarse poll still reads their exact start."""
+    """The start time of the first trainer process (DGL_ROLE=client with RANK set: torchrun's child under
+    launch.py, the launcher's under train.yml) on a host of this cluster (its cgroup; other clusters on the
+    machine have the same job account), from /proc. Trainers live for the whole job, so a coarse poll still
+    reads their exact start."""
 
     def __init__(self, cluster: str) -> None:
         super().__init__(daemon=True)
@@ -152,7 +153,8 @@ def measure_all(cluster: Cluster, args: argparse.Namespace) -> None:
     first = subprocess.run(playbook, cwd=benchlib.REPO, capture_output=True, text=True, check=False)
     if first.returncode:
         sys.exit(f"error: the first train.yml run failed:\n{(first.stdout + first.stderr)[-4000:]}")
-    run_folder = max((cluster.dir / "runs").glob("train_dist-synthetic-2w-*"), key=lambda p: p.stat().st_mtime)
+    # The summary names it: a kept cluster's runs/ also holds the jobs of earlier versions of the program.
+    run_folder = Path(re.findall(r"run folder: (/[^\s'\"]+)", first.stdout)[-1])
     job = json.loads((run_folder / "job.json").read_text())
     kit_metrics = cluster.workspace / job["job_dir"].removeprefix("/srv/dglkit/") / "metrics.jsonl"
 

@@ -175,7 +175,7 @@ def kit_figures(job: "os.PathLike") -> dict:
 
 def example_figures(job: "os.PathLike") -> dict:
     """The example prints each trainer's epoch time and, on rank 0, its node counts and test accuracy."""
-    logs = "\n".join(path.read_text(errors="replace") for path in sorted(job.glob("nodes/*/torchrun.log")))
+    logs = "\n".join(path.read_text(errors="replace") for path in sorted(job.glob("nodes/*/trainer-*.log")))
     times: dict[int, float] = {}
     for _rank, epoch, seconds in EPOCH_LINE.findall(logs):
         times[int(epoch)] = max(times.get(int(epoch), 0.0), float(seconds))

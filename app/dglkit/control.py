@@ -4,7 +4,7 @@ stopping it with the check for what it left, and the job to report on with its p
     dglkit control unit
     dglkit control stop --user dglkit --server-port 30050 [--job-dir DIR] [--check]
     dglkit control progress --jobs /srv/dglkit/jobs [--units JSON]
-    dglkit control ready --workspace /srv/dglkit [--worker --ports 30050,29500]
+    dglkit control ready --workspace /srv/dglkit [--worker --ports 30050,29500 --launch-config JSON --node-name n]
                          [--lock LOCK --lock-owner TEXT --job-dir DIR --nodes a,b]   (the storage host)
     dglkit control release --lock LOCK
     dglkit control start --unit-text "$(cat dglkit-job.service)"
@@ -68,6 +68,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     ready.add_argument("--ports", type=lambda text: [int(port) for port in text.split(",") if port], default=[],
                        help="the job's ports, comma separated, that must not be listening here")
     ready.add_argument("--ports-wait", type=float, default=1, help="seconds a port in use may take to close")
+    ready.add_argument("--launch-config", type=json.loads,
+                       help="a worker: job.json's content, for the launcher's checks (`dglkit launch --check`)")
+    ready.add_argument("--node-name", default="", help="this worker's node name (with --launch-config)")
     ready.add_argument("--lock", help="the storage host: take the starter's lock first (a directory; held: its owner)")
     ready.add_argument("--lock-owner", default="", help="who takes the lock: user, controller, job, time")
     ready.add_argument("--job-dir", type=Path, help="the storage host: look for an earlier run of this job")
@@ -334,6 +337,10 @@ def ready(args: argparse.Namespace) -> dict[str, Any]:
         answer.update(ip_config=file_record(args.workspace / "ip_config.txt"), unit=show_unit(),
                       busy_ports=still_listening(args.ports, args.ports_wait),
                       firewall=read_json(FIREWALL_RECORD) if args.worker else None)
+        if args.launch_config is not None:
+            from dglkit.launch import check_ahead  # psutil and the launcher's modules: workers only
+
+            answer["launch"] = check_ahead(args.launch_config, args.node_name)
         if args.job_dir and holder is None:
             answer["previous"] = earlier_run(args.job_dir, [node for node in args.nodes.split(",") if node],
                                              args.stale_after)

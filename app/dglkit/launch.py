@@ -1,12 +1,16 @@
 """Start and supervise this node's DGL servers and trainers (DGL's tools/launch.py, one node at a time).
 
 Runs on every worker. Runs the job's command (the kit's own trainer, or a user program written for DGL's
-launch.py) as `num_servers` DGL servers and, through torchrun, as the trainers, with DGL's launcher
-environment, then watches them: a process that fails, a heartbeat that stops, another node whose status went
-stale, a FAILED file written by another node's launcher, or a STOP request stop everything this node started.
-Afterwards no process, listening port or /dev/shm file of the job is left. Logs, one per process, go to
-<job dir>/nodes/<node>/: server-<i>.log, trainer-<rank>.log (each trainer and its samplers), torchrun.log
-(torchrun's own output) and launcher.log.
+launch.py) as `num_servers` DGL servers and `num_trainers` trainers, each with the environment that DGL's
+launch.py gives it (a trainer: torchrun's, RANK, WORLD_SIZE, MASTER_ADDR and the rest), then watches them: a
+process that fails, a heartbeat that stops, another node whose status went stale, a FAILED file written by
+another node's launcher, or a STOP request stop everything this node started. Afterwards no process, listening
+port or /dev/shm file of the job is left. Logs, one per process, go to <job dir>/nodes/<node>/:
+server-<i>.log, trainer-<rank>.log (each trainer and its samplers) and launcher.log.
+
+The trainers are this launcher's own children, not torchrun's: torchrun would only start them and watch them,
+which this launcher does anyway, and it costs a torch import before the first trainer starts and seconds of
+teardown after the last one ends (its exit barrier), on every job.
 
 Restarts: after a failed attempt every launcher stops its processes, says so in attempts/<n>/stopped/<node>,
 waits until every node has (or --restart-wait passes: a node that did not come back fails the next attempt),
@@ -72,10 +76,8 @@ PLACEHOLDERS = ("ip_config", "part_config", "graph_name", "output_dir", "job_dir
 PLACEHOLDER = re.compile(r"(?<!\$)\{([A-Za-z_][A-Za-z0-9_]*)\}")
 # The kit's own trainer: the command when job.json names no program (train_args are appended).
 BUILTIN_COMMAND = "python3 -m dglkit train --ip-config {ip_config} --part-config {part_config} --out-dir {output_dir}"
-# DGL's launch.py puts `-m torch.distributed.run ...` after the first python of the command.
+# The command's python: the script it runs is found from there (DGL's launch.py puts torchrun after it).
 PYTHON_WORD = re.compile(r"(?:^|(?<=[\s;&|(]))((?:[^\s;&|()]*/)?python[0-9.]*)(?=\s|$)")
-# The line that starts torchrun's report of a failed trainer.
-TORCHRUN_REPORT = re.compile(r"^.*torch\.distributed\.elastic\.multiprocessing\.api.*failed \(exitcode", re.M)
 # A program that fails on a DGL API this DGL lacks (DGL's examples on master use DGL >= 2.2's).
 MISSING_DGL_API = re.compile(r"(?:AttributeError: module '(dgl[\w.]*)' has no attribute '(\w+)'"
                              r"|ImportError: cannot import name '(\w+)' from '(dgl[\w.]*)'"
@@ -88,9 +90,10 @@ STATUS_EVERY = 2.0
 # large graph or a busy machine that takes minutes, whatever --stall-timeout says.
 START_TIMEOUT = 600.0
 POLL = 0.5
+LISTEN_POLL = 0.05
 # A trainer that exits with an error, or leaves a failure record saying it lost a peer, may only have lost a peer
-# that died first, here or on another node; that process's exit or record shows within torchrun's monitor
-# interval (1 s) and a poll.
+# that died first, here or on another node; that process's exit shows within a poll, another node's FAILED file
+# within that node's poll and the shared filesystem's delay.
 PEER_SETTLE = 3.0
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
@@ -141,18 +144,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("train_args", nargs=argparse.REMAINDER, help="-- then `dglkit train` arguments")
 
 
-def settings(args: argparse.Namespace) -> argparse.Namespace:
-    """Flags over job.json over defaults."""
-    config: dict[str, Any] = {}
-    if args.config:
+def settings(args: argparse.Namespace, config: dict[str, Any] | None = None) -> argparse.Namespace:
+    """Flags over job.json (or `config`, its content) over defaults."""
+    source = "the job's configuration"
+    if config is None and args.config:
+        source = args.config
         try:
             config = json.loads(Path(args.config).read_text())
         except (OSError, ValueError) as error:
             raise UserError(f"cannot read --config {args.config}: {error}") from None
-        unknown = sorted(set(config) - set(DEFAULTS))
-        if unknown:
-            raise UserError(f"{args.config}: unknown keys {unknown}; valid keys are {sorted(DEFAULTS)}")
         config.setdefault("job_dir", str(Path(args.config).resolve().parent))
+    config = config or {}
+    unknown = sorted(set(config) - set(DEFAULTS))
+    if unknown:
+        raise UserError(f"{source}: unknown keys {unknown}; valid keys are {sorted(DEFAULTS)}")
     flags: dict[str, Any] = {key: getattr(args, key, None) for key in DEFAULTS}
     if flags["train_args"] and flags["train_args"][0] == "--":
         flags["train_args"] = flags["train_args"][1:]
@@ -196,8 +201,10 @@ def check_port_free(address: str, port: int, purpose: str) -> None:
                             "holds it or choose another port") from None
 
 
-def preflight(cfg: argparse.Namespace) -> dict:
-    """Every check that can fail before anything starts; returns the derived layout of the job."""
+def preflight(cfg: argparse.Namespace, ahead: bool = False) -> dict:
+    """Every check that can fail before anything starts; returns the derived layout of the job. `ahead`: train.yml's
+    pre-flight, before it makes the job directory for this run (an earlier run's FAILED and STOP then move to
+    history/) and with the ports judged by `dglkit control ready` (which knows whether the job runs already)."""
     if not cfg.job_dir:
         raise UserError("no job directory: pass --job-dir or --config <job dir>/job.json")
     if not cfg.part_config:
@@ -206,11 +213,11 @@ def preflight(cfg: argparse.Namespace) -> dict:
     failed = read_json(job_dir / "FAILED")
     # A FAILED with restarts left is a restart in progress, which a launcher started late (a host back from a
     # reboot) joins.
-    if (job_dir / "FAILED").exists() and ((failed or {}).get("attempt", 1) > cfg.max_restarts
-                                          or repeats(job_dir, failed or {})):
+    if not ahead and (job_dir / "FAILED").exists() and ((failed or {}).get("attempt", 1) > cfg.max_restarts
+                                                        or repeats(job_dir, failed or {})):
         raise UserError(f"{job_dir}/FAILED exists (node {(failed or {}).get('node')}): this job has failed; "
                         "start a new job directory")
-    if (job_dir / "STOP").exists():
+    if not ahead and (job_dir / "STOP").exists():
         raise UserError(f"{job_dir}/STOP exists: this job was stopped; start a new job directory")
     if cfg.local:
         # Written by run() once every check has passed.
@@ -244,9 +251,9 @@ def preflight(cfg: argparse.Namespace) -> dict:
                             "listed machine or pass --machine-id")
         machine_id = local_lines[0]
     address, port = machines[machine_id]
-    for s in range(cfg.num_servers):
+    for s in range(cfg.num_servers if not ahead else 0):
         check_port_free(address, port + s, f"DGL server {s}")
-    if machine_id == 0:
+    if machine_id == 0 and not ahead:
         check_port_free(address, cfg.master_port, "torch.distributed master port")
     for key in ("num_servers", "num_trainers", "grace", "stall_timeout", "connect_retries", "stale_after",
                 "restart_wait"):
@@ -258,7 +265,7 @@ def preflight(cfg: argparse.Namespace) -> dict:
         raise UserError(f"--nodes {','.join(cfg.nodes)}: give one name per ip_config line ({len(machines)}), "
                         f"including this node's {cfg.node_name}")
     program_dir = Path(cfg.program_dir).resolve() if cfg.program_dir else job_dir
-    if not program_dir.is_dir():
+    if not program_dir.is_dir() and (cfg.program_dir or not ahead):
         raise UserError(f"program directory {program_dir} not found on {cfg.node_name}: ship the program first")
     served_names = nodedata.served_names(part_config, cfg.node_data_names)
     bin_dir = Path(cfg.python_env or sys.prefix) / "bin"
@@ -274,6 +281,21 @@ def preflight(cfg: argparse.Namespace) -> dict:
             "machine_id": machine_id, "address": address, "port": port, "command": command, "cwd": job_dir,
             "program_dir": program_dir, "served_names": served_names, "path": path,
             "ifname": interfaces.get(address, "lo"), "node_dir": job_dir / "nodes" / cfg.node_name}
+
+
+def check_ahead(config: dict[str, Any], node_name: str) -> dict[str, Any]:
+    """`--check` on job.json's content before train.yml writes the file (`dglkit control ready`: one round trip
+    fewer). {"checked": false} while the partition is still to be made: train.yml then runs `--check` after it."""
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    cfg = settings(parser.parse_args(["--node-name", node_name]), config)
+    if not cfg.part_config or not Path(cfg.part_config).is_file():
+        return {"checked": False, "error": None}
+    try:
+        preflight(cfg, ahead=True)
+    except UserError as error:
+        return {"checked": True, "error": str(error)}
+    return {"checked": True, "error": None}
 
 
 def graph_name(part_config: Path) -> str:
@@ -293,15 +315,9 @@ def expand(command: str, values: dict) -> str:
 def python_word(command: str) -> re.Match:
     found = PYTHON_WORD.search(command)
     if not found:
-        raise UserError(f"the command {command!r} starts no python: as with DGL's launch.py, trainers run as "
-                        "`python -m torch.distributed.run <your script>`, so the command must run python")
+        raise UserError(f"the command {command!r} starts no python: as for DGL's launch.py, which runs trainers as "
+                        "`python -m torch.distributed.run <your script>`, the command must run python")
     return found
-
-
-def torchrun_command(command: str, torchrun_args: list[str]) -> str:
-    """The command with its first python turned into `python -m torch.distributed.run ARGS` (DGL's launch.py)."""
-    found = python_word(command)
-    return f"{command[:found.end()]} -m torch.distributed.run {shlex.join(torchrun_args)}{command[found.end():]}"
 
 
 def in_program_dir(command: str, program_dir: Path) -> str:
@@ -366,6 +382,7 @@ class Launcher:
         self.attempt_started = time.monotonic()
         # Whether the current attempt started its processes (one that waited for a node in vain did not).
         self.started = True
+        self.listening = False
         self.victim_seen = 0.0
 
     def run(self) -> None:
@@ -485,7 +502,7 @@ class Launcher:
         self.say(f"started {name} (pid {self.procs[name].pid}), log {log}")
 
     def start_all(self) -> None:
-        """The command as DGL servers, then through torchrun as the trainers, each with launch.py's environment."""
+        """The command as DGL servers, then as the trainers, each with launch.py's environment."""
         cfg, job = self.cfg, self.job
         num_machines = len(job["machines"])
         # The program directory for `python -m its.module` (a script's own directory is on sys.path anyway).
@@ -506,13 +523,15 @@ class Launcher:
             self.start(f"server-{s}", job["command"], server_env, self.node_dir / f"server-{s}.log")
         # Trainers start with the servers, as DGL's launch.py starts them: their imports overlap the servers'
         # start-up, and they retry connecting (DGL_DIST_MAX_TRY_TIMES, 3 s apart) until every server listens.
-        trainer_env = dict(env, DGL_DIST_MODE="distributed", DGL_ROLE="client", DGL_GROUP_ID="0",
-                           OMP_NUM_THREADS=str(cfg.trainer_threads), DGLKIT_TRAINER_LOG_DIR=str(self.node_dir),
-                           DGLKIT_HEARTBEAT_DIR=str(self.node_dir))
-        torchrun = torchrun_command(job["command"], [
-            f"--nproc_per_node={cfg.num_trainers}", f"--nnodes={num_machines}", f"--node_rank={job['machine_id']}",
-            f"--master_addr={job['machines'][0][0]}", f"--master_port={cfg.master_port}", "--monitor-interval=1"])
-        self.start("trainers", torchrun, trainer_env, self.node_dir / "torchrun.log")
+        for local_rank in range(cfg.num_trainers):
+            rank = job["machine_id"] * cfg.num_trainers + local_rank
+            self.start(f"trainer-{rank}", job["command"], dict(
+                env, **trainer_environment(rank, local_rank, cfg.num_trainers, num_machines, job["machine_id"],
+                                           job["machines"][0][0], cfg.master_port),
+                DGL_DIST_MODE="distributed", DGL_ROLE="client", DGL_GROUP_ID="0", DGLKIT_PROCESS=f"trainer-{rank}",
+                DGLKIT_SERVER_STATUS=",".join(str(self.node_dir.parent / node / "status.json") for node in self.nodes),
+                OMP_NUM_THREADS=str(cfg.trainer_threads), DGLKIT_HEARTBEAT_DIR=str(self.node_dir)),
+                self.node_dir / f"trainer-{rank}.log")
         self.servers_started = time.time()
         self.set_state("running")
 
@@ -527,6 +546,7 @@ class Launcher:
                      for conn in safe_connections(proc.pid) if conn.status == psutil.CONN_LISTEN}
         if ports <= listening:
             self.listening = True
+            self.write_status(force=True)  # the trainers connect once every node's file says so (jobsite/)
             return True
         ended = [name for name, proc in servers.items() if proc.poll() == 0]
         if ended:
@@ -546,7 +566,7 @@ class Launcher:
                 return
             if not self.servers_listening() and self.state != "running":
                 return
-            if self.procs["trainers"].poll() == 0:
+            if all(proc.poll() == 0 for name, proc in self.procs.items() if name.startswith("trainer-")):
                 self.wait_for_servers_exit()
                 return
             stalled = heartbeats.stalled(self.cfg.stall_timeout)
@@ -554,10 +574,11 @@ class Launcher:
                 rank = stalled.name.removeprefix("heartbeat-")
                 log = self.node_dir / f"trainer-{rank}.log"
                 self.fail(f"trainer-{rank}", None, f"stalled: its heartbeat did not change for "
-                          f"{self.cfg.stall_timeout:.0f} s", log if log.exists() else self.logs["trainers"])
+                          f"{self.cfg.stall_timeout:.0f} s", log)
                 return
             self.write_status()
-            time.sleep(POLL)
+            # The trainers wait for this node's servers to listen: see that soon.
+            time.sleep(POLL if self.listening else LISTEN_POLL)
 
     def wait_for_servers_exit(self) -> None:
         """Servers exit by themselves once every trainer of the job is done; other nodes may still finish."""
@@ -575,27 +596,26 @@ class Launcher:
                        "finished; stopped them")
 
     def check_processes(self) -> bool:
-        """A local process that failed: fail the job."""
+        """A local process that failed: fail the job. Of several, one killed by a signal: the trainers that lost it
+        as a peer exit with an error of their own, sometimes first."""
         if self.check_failure_records():
             return True
-        for name, proc in self.procs.items():
-            code = proc.poll()
-            if code not in (None, 0):
-                log = self.logs[name]
-                if name == "trainers":
-                    name, code, log = self.failed_trainer(code)
-                    if code > 0 and self.peer_failed_first():
-                        return True
-                self.fail(name, code, f"exited with {describe_exit(code)}", log)
-                return True
-        return False
+        failed = [(name, code) for name, code in ((name, proc.poll()) for name, proc in self.procs.items())
+                  if code not in (None, 0)]
+        if not failed:
+            return False
+        name, code = min(failed, key=lambda failure: failure[1] > 0)
+        if name.startswith("trainer-") and code > 0 and self.peer_failed_first():
+            return True
+        self.fail(name, code, f"exited with {describe_exit(code)}", self.logs[name])
+        return True
 
     def check_failure_records(self) -> bool:
         """A process of this node that left a failure record (an uncaught exception, jobsite/sitecustomize.py) fails
         the attempt at once, naming it with its traceback, even when its parent would wait for it (a sampler)."""
         found = [record for record in map(read_json, self.node_dir.glob("failure-*.json")) if record and "process" in record]
         # A process that only lost a peer raises too, often first: the cause may be a process of this node that
-        # was killed (its exit shows within torchrun's monitor interval) or another node's, so a victim's record
+        # was killed (its exit shows within a poll) or another node's, so a victim's record
         # counts only once PEER_SETTLE seconds have passed without either.
         for record in sorted(found, key=lambda record: (is_victim(record), record.get("time", 0))):
             if is_victim(record):
@@ -605,7 +625,7 @@ class Launcher:
             name = record["process"]
             rank = name.removeprefix("trainer-").removesuffix("-sampler")
             log = self.logs.get(name, self.node_dir / f"trainer-{rank}.log")
-            self.fail(name, None, record.get("error", ""), log if log.exists() else self.logs.get("trainers", log),
+            self.fail(name, None, record.get("error", ""), log,
                       tail=record.get("traceback", [])[-12:], where=record.get("where"))
             return True
         return False
@@ -619,20 +639,6 @@ class Launcher:
                 return self.check_outside()
             time.sleep(POLL)
         return False
-
-    def failed_trainer(self, code: int) -> tuple[str, int, Path]:
-        """The trainer to blame from torchrun's error report: one killed by a signal if any (the ranks that lost it
-        as a peer exit with an error of their own, sometimes first), else torchrun's root cause."""
-        report = self.logs["trainers"].read_text(errors="replace")
-        failures = [(int(rank), int(exit_code)) for rank, exit_code in
-                    re.findall(r"^\s*rank\s*:\s*(\d+).*?^\s*exitcode\s*:\s*(-?\d+)", report, re.S | re.M)]
-        if not failures:
-            return "trainers", code, self.logs["trainers"]
-        root = re.search(r"Root Cause.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", report, re.S)
-        killed = [failure for failure in failures if failure[1] < 0]
-        rank, code = killed[0] if killed else (int(root.group(1)), int(root.group(2))) if root else failures[0]
-        log = self.node_dir / f"trainer-{rank}.log"
-        return f"trainer-{rank}", code, log if log.exists() else self.logs["trainers"]
 
     def check_outside(self) -> bool:
         """A stop request (STOP file, or a signal), another node's FAILED file or another node gone silent."""
@@ -717,11 +723,12 @@ class Launcher:
         processes = [{"name": name, "pid": proc.pid, "returncode": proc.poll()} for name, proc in self.procs.items()]
         write_json(self.node_dir / "status.json", {"node": self.cfg.node_name, "state": self.state,
                                                    "reason": self.reason, "updated": time.time(),
-                                                   "attempt": self.attempt, "processes": processes})
+                                                   "attempt": self.attempt, "processes": processes,
+                                                   "listening": self.listening})
         self.status_written = time.time()
 
     def track_descendants(self) -> None:
-        """Trainers run in their own sessions (torchrun's choice): remember their groups to stop them too."""
+        """A process that went to a session of its own (a program's choice): remember its group to stop it too."""
         for child in psutil.Process().children(recursive=True):
             try:
                 self.pgids.add(os.getpgid(child.pid))
@@ -856,13 +863,10 @@ def remove_orphaned_shm(before: set[str]) -> list[str]:
 
 
 def log_tail(path: Path, lines: int = 12) -> list[str]:
-    """The last lines of a log; of torchrun's, those before its own error report (the program's traceback)."""
     try:
-        text = path.read_text(errors="replace")
+        return path.read_text(errors="replace").splitlines()[-lines:]
     except OSError:
         return []
-    report = TORCHRUN_REPORT.search(text)
-    return text[:report.start() if report else len(text)].splitlines()[-lines:]
 
 
 def newer_dgl_hint(tail: list[str]) -> str:
@@ -875,6 +879,18 @@ def newer_dgl_hint(tail: list[str]) -> str:
     return (f"; the program needs {api}, which the cluster's DGL {importlib.metadata.version('dgl')} does not have "
             "(PyPI's newest for Linux): set dglkit_dgl_spec: dgl-repo for a newer DGL from DGL's wheel repo, or "
             "use this DGL's API")
+
+
+def trainer_environment(rank: int, local_rank: int, per_machine: int, machines: int, machine_id: int,
+                        master_addr: str, master_port: int) -> dict[str, str]:
+    """What torchrun (which DGL's launch.py runs trainers with) gives each trainer: torch.distributed's env://
+    rendezvous (rank 0 hosts it on the master port) and the ranks that programs read."""
+    world = per_machine * machines
+    return {"RANK": str(rank), "LOCAL_RANK": str(local_rank), "WORLD_SIZE": str(world),
+            "LOCAL_WORLD_SIZE": str(per_machine), "GROUP_RANK": str(machine_id), "GROUP_WORLD_SIZE": str(machines),
+            "ROLE_NAME": "default", "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": str(world),
+            "MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port), "TORCHELASTIC_RESTART_COUNT": "0",
+            "TORCHELASTIC_MAX_RESTARTS": "0", "TORCHELASTIC_RUN_ID": "none"}
 
 
 def describe_exit(code: int) -> str:

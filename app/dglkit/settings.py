@@ -204,8 +204,8 @@ SECTIONS: list[tuple[Section, list[Setting]]] = [
     (Section("Your own program", (
         "Your own program instead of the kit's GraphSAGE trainer (roles/dgl_program): a directory on this machine\n"
         "(scripts, modules, optionally requirements.txt) and the command that starts it, exactly as you would give it\n"
-        "to DGL's tools/launch.py. Servers run the command as it is; trainers run it through torchrun (its first\n"
-        "python becomes `python -m torch.distributed.run ...`), with launch.py's environment. The dataset settings\n"
+        "to DGL's tools/launch.py. Servers and trainers run the command as it is, with launch.py's environment (a\n"
+        "trainer's: torchrun's RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, ...). The dataset settings\n"
         "above still decide the graph: the kit prepares and partitions it, and fills in the placeholders:\n"
         "  {graph_name} {ip_config} {part_config}   the partition and the cluster's ip_config.txt\n"
         "  {output_dir}                             what the program writes there comes back to runs/<job id>/\n"

@@ -3,16 +3,14 @@ table of tasks (GraphSAGE node classification, RGCN on heterogeneous graphs, lin
 the one loop in dglkit.loop.
 
 `dglkit launch` starts this module once per DGL server (DGL_ROLE=server: `initialize()` serves and exits)
-and once per trainer under torchrun. Rank 0 writes metrics.jsonl, model.pt (final), model-best.pt (best
+and once per trainer. Rank 0 writes metrics.jsonl, model.pt (final), model-best.pt (best
 validation epoch), result.json and, on request, embeddings / predictions in original node-ID order.
 """
 
 import argparse
 import importlib
 import json
-import os
 import random
-import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -109,23 +107,10 @@ def seed_everything(seed: int | None) -> None:
     dgl.seed(seed)
 
 
-def redirect_trainer_output() -> None:
-    """Under `dglkit launch`, each trainer (and its sampler processes) logs to <node dir>/trainer-<rank>.log."""
-    log_dir = os.environ.get("DGLKIT_TRAINER_LOG_DIR")
-    if log_dir and os.environ.get("DGL_ROLE") == "client" and "RANK" in os.environ:
-        log = os.open(Path(log_dir) / f"trainer-{os.environ['RANK']}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os.dup2(log, 1)
-        os.dup2(log, 2)
-        os.close(log)
-
-
 def run(args: argparse.Namespace) -> int:
     config = check_inputs(args)
     module = task_module(args, config)
     module.check(args, config)
-    redirect_trainer_output()
     seed_everything(args.seed)
     # Servers serve inside initialize() and exit there; only trainers return.
     dgl.distributed.initialize(args.ip_config, use_graphbolt=args.graphbolt)

@@ -283,7 +283,7 @@ class Cluster:
 
     def job_processes(self) -> dict[str, list[psutil.Process]]:
         """Every Python process on the cluster's hosts, per worker, seen from this machine (a host's processes
-        sit in the cgroup /dglkit-<cluster>-<host>/): servers, trainers, samplers, torchrun and the kit's
+        sit in the cgroup /dglkit-<cluster>-<host>/): servers, trainers, samplers, torchrun (plain runs) and the kit's
         launcher, every node at the same instant and without an SSH round trip. The kit starts its servers as
         `python3` on the venv's PATH, the plain contract by the venv's path; nothing else on the test hosts runs
         Python while no playbook runs."""

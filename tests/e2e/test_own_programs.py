@@ -70,9 +70,9 @@ def test_a_launchpy_program_trains_with_a_requirement_from_the_wheelhouse(site: 
     epochs = [m for m in map(json.loads, (folder / "metrics.jsonl").read_text().splitlines()) if m["event"] == "epoch"]
     assert [m["epoch"] for m in epochs] == [0, 1, 2]
     assert (folder / "curves.png").stat().st_size > 0 and "epochs          3 of 3" in (folder / "summary.txt").read_text()
-    # The program's own table (tabulate) in each worker's trainer output.
-    for node in ("node2", "node3"):
-        assert "epoch    loss    val_acc" in (folder / "nodes" / node / "torchrun.log").read_text(), node
+    # The program's own table (tabulate) in each worker's trainer log.
+    for node, rank in (("node2", 0), ("node3", 1)):
+        assert "epoch    loss    val_acc" in (folder / "nodes" / node / f"trainer-{rank}.log").read_text(), node
     job = job_of(folder)
     assert job["command"] == COMMAND and job["train_args"] == []
     assert Path(job["program_dir"]).parent == Path("/srv/dglkit/programs")
@@ -160,7 +160,7 @@ def test_a_crashing_program_stops_every_node_with_its_traceback(site: Cluster, r
         run.output[-4000:]
     assert "the job wrote no checkpoint.pt, so a new run starts over" in output and "dgl_job_resume" not in output
     job_dir = site.workspace / "jobs" / found.group(1)
-    assert "RuntimeError: injected crash on rank 1 in epoch 1" in (job_dir / "nodes/node3/torchrun.log").read_text()
+    assert "RuntimeError: injected crash on rank 1 in epoch 1" in (job_dir / "nodes/node3/trainer-1.log").read_text()
     failed = json.loads((job_dir / "FAILED").read_text())
     other = {"node2": "node3", "node3": "node2"}[failed["node"]]
     stopped = json.loads((job_dir / "nodes" / other / "status.json").read_text())
@@ -211,7 +211,7 @@ def test_an_unsupervised_program_alone_in_its_directory_writes_emb_pt_to_the_run
     import torch
 
     assert torch.load(folder / "emb.pt").shape == (20000, 32)
-    found = re.search(r"eval acc ([0-9.]+); test acc ([0-9.]+)", (folder / "nodes/node2/torchrun.log").read_text())
+    found = re.search(r"eval acc ([0-9.]+); test acc ([0-9.]+)", (folder / "nodes/node2/trainer-0.log").read_text())
     assert found and float(found.group(1)) > 0.3, found  # scikit-learn on the embeddings; chance: 0.1
     assert job_of(folder)["node_data_names"] == {"feat": "features"}
     assert_no_program_left(site)
@@ -229,6 +229,6 @@ def test_an_rgcn_program_reads_per_type_names_and_its_relative_outputs_come_back
     result = json.loads((folder / "result.json").read_text())
     assert result["val_acc"] > 0.3 and result["num_classes"] == 5, result  # chance: 0.2
     assert (folder / "model.pt").stat().st_size > 0
-    for node in ("node2", "node3"):
-        assert "Test Acc" in (folder / "nodes" / node / "torchrun.log").read_text(), node
+    for node, rank in (("node2", 0), ("node3", 1)):
+        assert "Test Acc" in (folder / "nodes" / node / f"trainer-{rank}.log").read_text(), node
     assert_no_program_left(site)

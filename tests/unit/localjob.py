@@ -103,8 +103,7 @@ def kill_trainer_after(job_dir: Path, launch: subprocess.Popen, epochs: int, nod
         assert launch.poll() is None and time.time() < deadline, (job_dir / "launch.out").read_text()[-3000:]
         time.sleep(0.3)
     status = json.loads((job_dir / f"nodes/{node}/status.json").read_text())
-    torchrun = next(p["pid"] for p in status["processes"] if p["name"] == "trainers")
-    next(p for p in psutil.Process(torchrun).children() if p.environ().get("RANK") == str(rank)).kill()
+    psutil.Process(next(p["pid"] for p in status["processes"] if p["name"] == f"trainer-{rank}")).kill()
 
 
 def assert_job_gone(job_dir: Path, ports: list[int], shm_before: set[str]) -> None:

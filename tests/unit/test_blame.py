@@ -99,7 +99,7 @@ def test_the_process_that_failed_first_is_blamed_not_the_node_that_noticed_first
         "node": "node3", "process": "trainer-1", "pid": 22, "error": raised, "where": "train_dist.py:72 in main",
         "traceback": ["Traceback (most recent call last):", '  File "train_dist.py", line 72, in main', raised],
         "time": now - 600}, now - 2)
-    failed = {"node": "node2", "process": "trainer-0", "exit_code": None, "reason": reset, "log": "torchrun.log",
+    failed = {"node": "node2", "process": "trainer-0", "exit_code": None, "reason": reset, "log": "trainer-0.log",
               "log_tail": [reset], "attempt": 1, "started": True, "progress": {"epochs": 1, "checkpoint": None}}
     write_record(tmp_path / "nodes/node2/failed.json", failed, now - 1)
     (tmp_path / "FAILED").write_text(json.dumps(failed))

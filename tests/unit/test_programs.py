@@ -1,5 +1,5 @@
 """`dglkit launch` running a program written for DGL's launch.py (tests/programs/train_dist): placeholders,
-the torchrun rewrite of the command, pre-flight refusals, and real local runs (trains and reports; silent for
+the trainers' torchrun environment, pre-flight refusals, and real local runs (trains and reports; silent for
 longer than the stall timeout; a crashing trainer)."""
 
 import json
@@ -38,14 +38,14 @@ def test_placeholders_are_replaced_by_quoted_values_and_shell_variables_kept():
         launch.expand("python3 t.py {graf}", {"graph_name": "g"})
 
 
-@pytest.mark.parametrize("command, expected", [
-    ("python3 train.py --x 1", "python3 -m torch.distributed.run --nnodes=2 train.py --x 1"),
-    ("/opt/venv/bin/python3.11 -m pkg.train", "/opt/venv/bin/python3.11 -m torch.distributed.run --nnodes=2 -m pkg.train"),
-    ("cd sub && python train.py --log python3.txt",
-     "cd sub && python -m torch.distributed.run --nnodes=2 train.py --log python3.txt"),
-])
-def test_trainers_run_the_first_python_through_torchrun(command, expected):
-    assert launch.torchrun_command(command, ["--nnodes=2"]) == expected
+def test_a_trainer_gets_the_ranks_and_rendezvous_that_torchrun_would_give_it():
+    # Trainer 1 of machine 2 (3 machines, 2 trainers each), as `torchrun --nnodes=3 --node_rank=2
+    # --nproc_per_node=2 --master_addr=10.0.0.1 --master_port=29500` sets it for its second process.
+    env = launch.trainer_environment(5, 1, 2, 3, 2, "10.0.0.1", 29500)
+    assert {key: env[key] for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                                      "MASTER_ADDR", "MASTER_PORT")} == {
+        "RANK": "5", "LOCAL_RANK": "1", "WORLD_SIZE": "6", "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "2",
+        "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}
 
 
 def check(cli, partition_1, tmp_path, command: str):
@@ -141,8 +141,10 @@ def test_a_program_silent_longer_than_the_stall_timeout_trains_with_launchpys_en
         "DGLKIT_OUTPUT_DIR": str(job_dir)}
     # The program reads `features`: its servers serve the partition's `feat` under that name.
     assert json.loads(server["DGLKIT_NODE_DATA_NAMES"]) == {"_N/feat": "_N/features"}
-    trainers = [p for p in psutil.Process(pids["trainers"]).children(recursive=True) if "RANK" in p.environ()]
-    assert sorted(p.environ()["RANK"] for p in trainers) == ["0", "1"]
+    # Each trainer is the launcher's own child, with torchrun's environment: init_process_group() meets on it.
+    trainers = [psutil.Process(pids[f"trainer-{rank}"]) for rank in (0, 1)]
+    assert [(p.environ()["RANK"], p.environ()["LOCAL_RANK"], p.environ()["WORLD_SIZE"]) for p in trainers] == [
+        ("0", "0", "2"), ("1", "1", "2")]
     trainer = trainers[0].environ()
     assert {k: trainer[k] for k in ("DGL_DIST_MODE", "DGL_ROLE", "DGL_GROUP_ID", "DGL_CONF_PATH", "DGL_IP_CONFIG")} == {
         "DGL_DIST_MODE": "distributed", "DGL_ROLE": "client", "DGL_GROUP_ID": "0",
@@ -154,7 +156,7 @@ def test_a_program_silent_longer_than_the_stall_timeout_trains_with_launchpys_en
     epochs = [m for m in map(json.loads, (job_dir / "metrics.jsonl").read_text().splitlines()) if m["event"] == "epoch"]
     assert [m["epoch"] for m in epochs] == [0, 1, 2] and epochs[-1]["val_acc"] > 0.6, epochs  # chance 0.2
     # tabulate (the program's own requirement) printed the final table.
-    assert "epoch    loss    val_acc" in (job_dir / "nodes/n1/torchrun.log").read_text()
+    assert "epoch    loss    val_acc" in (job_dir / "nodes/n1/trainer-0.log").read_text()
     assert json.loads(dglkit("report", "--job-dir", job_dir).stdout.splitlines()[-1])["epochs"] == 3
     assert (job_dir / "curves.png").stat().st_size > 0
     assert_job_gone(job_dir, ports, shm_before)
@@ -167,12 +169,13 @@ def test_a_crashing_program_fails_the_job_with_its_traceback(partition_1, progra
     shm_before = set(os.listdir("/dev/shm"))
     launch_proc, ports = start_program(job_dir, partition_1, program_site, "--grace", 5,
                                        command=COMMAND + " --crash_rank 1 --crash_epoch 1")
-    wait_for_text(launch_proc, job_dir / "nodes/n1/torchrun.log", "Epoch 00000")
+    wait_for_text(launch_proc, job_dir / "nodes/n1/trainer-0.log", "Epoch 00000")
     # Epoch 1 raises a step or two later: the job fails within seconds, not in DGL's exit.
     assert launch_proc.wait(timeout=60) == 1, (job_dir / "launch.out").read_text()[-3000:]
     failed = json.loads((job_dir / "FAILED").read_text())
-    assert failed["process"] in ("trainer-0", "trainer-1") and failed["log"].endswith("torchrun.log"), failed
-    # torchrun's report is cut off; the trainer's exception is there (followed by its peer's, in a 1-node job).
+    # The program's rank 1 is DGL's (g.rank(), the servers' numbering), not necessarily torch's RANK, which names
+    # the kit's trainers.
+    assert failed["process"] in ("trainer-0", "trainer-1") and failed["log"].endswith(f"{failed['process']}.log"), failed
     assert "RuntimeError: injected crash on rank 1 in epoch 1" in failed["log_tail"], failed["log_tail"]
     assert_job_gone(job_dir, ports, shm_before)
 

@@ -84,7 +84,7 @@ def test_a_launcher_started_again_mid_attempt_restarts_the_job(partition_1, tmp_
     while not (job_dir / "checkpoint.pt").exists() or epochs_done(job_dir) < 3:
         assert launch.poll() is None and time.time() < deadline, (job_dir / "launch.out").read_text()[-3000:]
         time.sleep(0.3)
-    launch.kill()  # its servers and torchrun get SIGTERM from the kernel (PR_SET_PDEATHSIG)
+    launch.kill()  # its servers and trainers get SIGTERM from the kernel (PR_SET_PDEATHSIG)
     launch.wait()
     deadline = time.time() + 60
     while any(p.status() != psutil.STATUS_ZOMBIE for p in psutil.process_iter()

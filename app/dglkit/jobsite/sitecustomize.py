@@ -1,7 +1,7 @@
 """Imported first by every Python process of a job: the launcher puts this directory at the front of
 PYTHONPATH. An uncaught exception ends the process at once, with its traceback. Without this, DGL's exit
 handler waits for the other trainers, which wait in an all-reduce for this one: the process never exits,
-torchrun never reports it, and the job hangs instead of failing. A sampler (a multiprocessing child of a
+its launcher never sees it end, and the job hangs instead of failing. A sampler (a multiprocessing child of a
 trainer) whose work raises ends the same way; its trainer would otherwise wait half an hour for its batch.
 
 Before it exits, a server, trainer or sampler leaves `failure-<pid>.json` in $DGLKIT_FAILURE_DIR (its node's
@@ -9,12 +9,21 @@ directory of the job): its name, the error, the line that raised it and the trac
 shared filesystem's: `dglkit watch` orders the failures of all nodes by it to name the one that came first
 (dglkit/blame.py), and the launcher stops the job as soon as it appears.
 
+A trainer connects to DGL's servers once they listen: DGL's client tries each server and, refused, waits 3 s
+before it tries again, and the kit starts trainers together with the servers, so a trainer would often be there
+first and lose those seconds. Each launcher says in its status.json when its servers listen
+($DGLKIT_SERVER_STATUS: every node's); the wait is at DGL's own connect_to_server, wrapped as DGL imports it.
+Another node's file may show late (a shared filesystem's cache): that wait ends 3 s (DGL's retry) after this
+node's servers listen.
+
 A DGL server of a job with `node_data_names` ($DGLKIT_NODE_DATA_NAMES: {stored key: served key}) serves its
 partition's node data under the names the program reads: the keys are renamed as DGL loads the part's
 node_feat.dgl, so no data is copied (dglkit.nodedata).
 
 (It takes the place of Debian's sitecustomize, which only installs apport's crash hook.)
 """
+import importlib.abc
+import importlib.util
 import json
 import multiprocessing.process
 import os
@@ -25,7 +34,7 @@ import traceback
 
 def process_name() -> str | None:
     """server-<i> (the launcher says so), trainer-<rank>, or trainer-<rank>-sampler in a trainer's child;
-    None for torchrun itself (its trainers' failures are theirs)."""
+    None for any other process (a plain run's torchrun: its trainers' failures are theirs)."""
     name = os.environ.get("DGLKIT_PROCESS") or (f"trainer-{os.environ['RANK']}" if "RANK" in os.environ else None)
     if name and multiprocessing.process.parent_process() is not None:
         return f"{name}-sampler"
@@ -74,6 +83,57 @@ def serve_node_data_as(served: dict[str, str]) -> None:
     dist_graph.load_partition_feats = load_renamed
 
 
+def servers_listen(paths: list[str], attempt: int) -> list[bool]:
+    """Whether each launcher (its status.json) says its servers listen in this attempt."""
+    said = []
+    for path in paths:
+        try:
+            with open(path) as status:
+                record = json.load(status)
+        except (OSError, ValueError):
+            record = {}
+        said.append(bool(record.get("listening")) and record.get("attempt") == attempt)
+    return said
+
+
+def wait_for_servers(paths: list[str], own: str) -> None:
+    attempt, own_since = int(os.environ.get("DGLKIT_ATTEMPT", "1")), None
+    while not all(servers_listen(paths, attempt)):
+        if own_since is None and all(servers_listen([own], attempt)):
+            own_since = time.monotonic()
+        if own_since is not None and time.monotonic() - own_since > 3:
+            return
+        time.sleep(0.05)
+
+
+class ConnectOnceServersListen(importlib.abc.MetaPathFinder):
+    """Finds dgl.distributed.rpc_client for the import system and, once it is loaded, wraps its connect_to_server
+    (before dist_context imports it by name) in wait_for_servers."""
+
+    def __init__(self, paths: list[str], own: str):
+        self.paths, self.own = paths, own
+
+    def find_spec(self, name, path, target=None):
+        if name != "dgl.distributed.rpc_client":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        load = spec.loader.exec_module
+
+        def exec_module(module) -> None:
+            load(module)
+            connect = module.connect_to_server
+
+            def connect_to_server(*args, **kwargs):
+                wait_for_servers(self.paths, self.own)
+                return connect(*args, **kwargs)
+
+            module.connect_to_server = connect_to_server
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
 def run_or_exit(self) -> None:
     """multiprocessing's Process.run, ending the process as an uncaught exception does in the main process."""
     try:
@@ -86,6 +146,9 @@ sys.excepthook = exit_on_uncaught_exception
 original_run = multiprocessing.process.BaseProcess.run
 # A method replaced on purpose: every sampler child runs through run_or_exit (see the module docstring).
 multiprocessing.process.BaseProcess.run = run_or_exit  # type: ignore[method-assign]
+if os.environ.get("DGL_ROLE") == "client" and os.environ.get("DGLKIT_SERVER_STATUS"):
+    sys.meta_path.insert(0, ConnectOnceServersListen(os.environ["DGLKIT_SERVER_STATUS"].split(","),
+                                                     os.path.join(os.environ["DGLKIT_FAILURE_DIR"], "status.json")))
 if os.environ.get("DGL_ROLE") == "server" and os.environ.get("DGLKIT_NODE_DATA_NAMES"):
     try:
         serve_node_data_as(json.loads(os.environ["DGLKIT_NODE_DATA_NAMES"]))

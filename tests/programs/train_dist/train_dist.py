@@ -1,5 +1,5 @@
 """Distributed GraphSAGE node classification written the way DGL's distributed examples are: started by DGL's
-tools/launch.py (or the kit) once per server and, through torchrun, once per trainer. It imports nothing of
+tools/launch.py (or the kit) once per server and once per trainer (launch.py: through torchrun). It imports nothing of
 the kit; it needs `tabulate`, which the node environment does not have (requirements.txt). Like DGL's examples
 it reads the node data `features`, `labels` and the masks (the kit stores `feat`: dgl_job_node_data_names, or
 --features feat).

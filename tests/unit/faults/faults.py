@@ -1,5 +1,5 @@
 """Distributed GraphSAGE in the style of DGL's examples (started by DGL's launch.py or the kit, once per server
-and through torchrun once per trainer) in which one process raises mid-training, as a bug would make it:
+and once per trainer, through torchrun under launch.py) in which one process raises mid-training, as a bug would make it:
 --fail server (server --fail_id, the machine's first one, which serves the barrier at the end of each epoch),
 trainer (rank --fail_id) or sampler (a sampler process of trainer rank --fail_id), after --fail_after barrier
 requests, steps or batches.
@@ -59,7 +59,7 @@ def main(args):
     dgl.distributed.initialize(args.ip_config)
     th.distributed.init_process_group(backend="gloo")
     g = dgl.distributed.DistGraph(args.graph_name, part_config=args.part_config)
-    rank = th.distributed.get_rank()  # torchrun's RANK, by which the kit names trainers
+    rank = th.distributed.get_rank()  # RANK (torchrun's, or the kit's), by which the kit names trainers
     train_nid = dgl.distributed.node_split(g.ndata["train_mask"], g.get_partition_book(), force_even=True)
     n_classes = int(g.ndata["labels"][0:g.num_nodes()].max()) + 1
     sampler = Sampler([10, 10], args.fail_id if args.fail == "sampler" else -1, args.fail_after)
