@@ -717,8 +717,10 @@ class Launcher:
         self.state, self.reason = state, reason
         self.write_status(force=True)
 
-    def write_status(self, force: bool = False) -> None:
-        if not force and time.time() - self.status_written < STATUS_EVERY:
+    def write_status(self, force: bool = False, last: bool = False) -> None:
+        # The end of a job that succeeded is written last (run()), after the launcher's own last lines: a watcher
+        # that sees it (and packs the job's files at once) finds every log complete.
+        if (self.state == "succeeded" and not last) or (not force and time.time() - self.status_written < STATUS_EVERY):
             return
         processes = [{"name": name, "pid": proc.pid, "returncode": proc.poll()} for name, proc in self.procs.items()]
         write_json(self.node_dir / "status.json", {"node": self.cfg.node_name, "state": self.state,
@@ -922,6 +924,7 @@ def run(args: argparse.Namespace) -> int:
     launcher.run()
     launcher.say(f"{launcher.state}" + (f": {launcher.reason}" if launcher.reason else ""))
     emit_result({"changed": True, "node": cfg.node_name, "state": launcher.state, "reason": launcher.reason})
+    launcher.write_status(force=True, last=True)
     if launcher.state == "succeeded":
         return 0
     if launcher.signal_received:

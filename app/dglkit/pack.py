@@ -130,20 +130,25 @@ def summarise(job_dir: Path) -> dict:
     return {"changed": changed, "report_error": None, "reported": True}
 
 
-def run(args: argparse.Namespace) -> int:
-    summary = summarise(args.job_dir) if args.report else {"changed": False}
-    out = args.out
-    if out is None:
+def collect(job_dir: Path, match: str, report: bool, out: Path | None = None, inline_mb: float = 32) -> dict:
+    """What `dglkit pack` answers (`dglkit watch --pack` too, at a job's end)."""
+    summary = summarise(job_dir) if report else {"changed": False}
+    archive = out
+    if archive is None:
         fd, name = tempfile.mkstemp(prefix="dglkit-pack-", suffix=".tar")
         os.close(fd)
-        out = Path(name)
-    packed, skipped = pack(args.job_dir, out, args.match)
-    where: dict[str, str] = {"archive": str(out)}
-    if args.out is None and out.stat().st_size <= args.inline_mb * 2**20:
-        where = {"archive_base64": base64.b64encode(out.read_bytes()).decode()}
-        out.unlink()
+        archive = Path(name)
+    packed, skipped = pack(job_dir, archive, match)
+    where: dict[str, str] = {"archive": str(archive)}
+    if out is None and archive.stat().st_size <= inline_mb * 2**20:
+        where = {"archive_base64": base64.b64encode(archive.read_bytes()).decode()}
+        archive.unlink()
     for entry in skipped:
         print(f"dglkit pack: warning: left out {entry}", file=sys.stderr)
-    emit_result({**summary, **where, "files": packed, "skipped": skipped})
+    return {**summary, **where, "files": packed, "skipped": skipped}
+
+
+def run(args: argparse.Namespace) -> int:
+    emit_result(collect(args.job_dir, args.match, args.report, args.out, args.inline_mb))
     return 0
 

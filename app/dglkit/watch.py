@@ -32,6 +32,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "state at once): fewer polls of a job whose epochs are short")
     parser.add_argument("--stale-after", type=float, default=30,
                         help="a running node whose status is older than this many seconds counts as failed")
+    parser.add_argument("--pack", metavar="REGEX",
+                        help="once the job has succeeded, also summarise it and pack the files whose path matches "
+                        "(`dglkit pack --report --match REGEX`'s answer in \"packed\"): train.yml collects a job "
+                        "that ends while it watches without another round trip")
 
 
 def node_states(job_dir: Path, nodes: list[str], stale_after: float) -> dict[str, dict]:
@@ -209,5 +213,9 @@ def run(args: argparse.Namespace) -> int:
             break
     if current["state"] in ("running", "restarting") and time.time() >= deadline:
         current = snapshot(job_dir, nodes, args.stale_after, final=True)
+    if args.pack and current["state"] == "succeeded":
+        from dglkit import pack  # which imports this module (report's snapshot)
+
+        current["packed"] = pack.collect(job_dir, args.pack, report=True)
     emit_result(current)
     return 0

@@ -4,6 +4,7 @@ longer than the stall timeout; a crashing trainer)."""
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -61,6 +62,26 @@ def test_check_expands_the_command_and_starts_nothing(cli, partition_1, tmp_path
                                         f"{tmp_path}/job/ip_config.txt --part_config {partition_1} --output_dir "
                                         f"{tmp_path}/job --num_epochs 3")
     assert result["cwd"] == str(tmp_path / "job") and not (tmp_path / "job").exists()
+
+
+def test_the_pre_flight_checks_job_json_ahead_but_leaves_the_earlier_run_and_the_ports_to_train_yml(partition_1, tmp_path):
+    job_dir = tmp_path / "job"
+    config = {"local": True, "part_config": str(partition_1), "job_dir": str(job_dir), "program_dir": str(PROGRAM),
+              "server_port": free_ports(2), "master_port": free_ports(1), "command": COMMAND}
+    assert launch.check_ahead(config, "n1") == {"checked": True, "error": None}
+    # The placeholders, the command's programs and script: as `launch --check` says.
+    assert "unknown placeholder(s) {graf}" in launch.check_ahead({**config, "command": COMMAND + " {graf}"}, "n1")["error"]
+    assert "train.py, which is not in" in launch.check_ahead({**config, "command": "python3 train.py"}, "n1")["error"]
+    # An earlier run that failed or was stopped: train.yml moves its FAILED and STOP to history/ before the start.
+    job_dir.mkdir()
+    (job_dir / "FAILED").write_text(json.dumps({"node": "n1", "attempt": 1}))
+    (job_dir / "STOP").touch()
+    with socket.socket() as holder:  # the server port in use: `control ready` judges the ports (an attach is no fault)
+        holder.bind(("127.0.0.1", config["server_port"]))
+        holder.listen()
+        assert launch.check_ahead(config, "n1") == {"checked": True, "error": None}
+    # A partition still to be made: train.yml runs `launch --check` once it is there.
+    assert launch.check_ahead({**config, "part_config": str(tmp_path / "none.json")}, "n1") == {"checked": False, "error": None}
 
 
 @pytest.mark.parametrize("command, expected", [
@@ -152,6 +173,14 @@ def test_a_program_silent_longer_than_the_stall_timeout_trains_with_launchpys_en
     assert all(Path(p.cwd()) == job_dir for p in trainers)
     assert PROGRAM.samefile(trainers[0].environ()["PYTHONPATH"].split(os.pathsep)[1])
 
+    # The launcher's last lines come before its status says it succeeded: whoever packs the job on seeing that
+    # (dglkit watch --pack) gets them all.
+    deadline = time.time() + 240
+    while launch_proc.poll() is None and time.time() < deadline:
+        if (json.loads(status_file.read_text()) or {}).get("state") == "succeeded":
+            assert (job_dir / "nodes/n1/launcher.log").read_text().rstrip().endswith("succeeded")
+            break
+        time.sleep(0.005)
     assert launch_proc.wait(timeout=240) == 0, (job_dir / "launch.out").read_text()[-3000:]
     epochs = [m for m in map(json.loads, (job_dir / "metrics.jsonl").read_text().splitlines()) if m["event"] == "epoch"]
     assert [m["epoch"] for m in epochs] == [0, 1, 2] and epochs[-1]["val_acc"] > 0.6, epochs  # chance 0.2

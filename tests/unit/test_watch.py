@@ -1,9 +1,12 @@
 """`dglkit watch` on the status files of real runs; SIGTERM to a running launcher."""
 
+import base64
+import io
 import json
 import os
 import shutil
 import signal
+import tarfile
 import threading
 import time
 
@@ -20,6 +23,24 @@ def test_finished_job_is_succeeded_with_its_last_epoch(cli, finished_local_job):
     assert result["state"] == "succeeded" and result["nodes"] == {"node0": "succeeded"}
     assert result["progress"]["event"] == "epoch" and result["progress"]["epoch"] == 5
     assert result["failed_node"] is None and result["changed"] is False
+
+
+def test_a_job_that_succeeded_is_summarised_and_packed_in_the_same_answer(cli, finished_local_job, tmp_path):
+    job_dir = tmp_path / "job"
+    shutil.copytree(finished_local_job, job_dir)
+    (job_dir / "summary.json").unlink(missing_ok=True)
+    code, result, _ = cli("watch", "--job-dir", job_dir, "--nodes", "node0", "--pack", r"nodes/.*|summary\.txt|curves\.png")
+    assert code == 0 and result["state"] == "succeeded"
+    packed = result["packed"]
+    assert packed["reported"] and packed["report_error"] is None and packed["skipped"] == [], packed
+    with tarfile.open(fileobj=io.BytesIO(base64.b64decode(packed["archive_base64"]))) as archive:
+        names = set(archive.getnames())
+    assert {"nodes/node0/status.json", "nodes/node0/launcher.log", "summary.txt", "curves.png"} <= names, names
+    assert "metrics.jsonl" not in names
+    # A job that did not succeed is not packed here: train.yml stops it everywhere first.
+    (job_dir / "STOP").touch()
+    code, result, _ = cli("watch", "--job-dir", job_dir, "--nodes", "node0", "--pack", ".*")
+    assert code == 0 and result["state"] == "stopped" and "packed" not in result
 
 
 def copy_job(job_dir, tmp_path):
