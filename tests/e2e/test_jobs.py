@@ -335,7 +335,7 @@ def test_site_refuses_a_workspace_that_is_not_shared_before_any_change(site: Clu
 
 
 def test_a_launcher_that_fails_its_own_preflight_is_named_with_its_line(site: Cluster, runs: Path) -> None:
-    # train.yml's check (`dglkit launch --check` on every worker) passes; then, before node3's launcher starts,
+    # train.yml's check (the launcher's checks in every worker's pre-flight) passes; then, before node3's launcher starts,
     # something takes its DGL server port (a drop-in of the job unit does, and lets go when the unit ends).
     address = site.cluster_addresses()["node3"]
     dropin = "/etc/systemd/system/dglkit-job.service.d/clm-squat.conf"

@@ -16,6 +16,11 @@ first and lose those seconds. Each launcher says in its status.json when its ser
 Another node's file may show late (a shared filesystem's cache): that wait ends 3 s (DGL's retry) after this
 node's servers listen.
 
+A DGL server of a kit's job waits HANDSHAKE_SLEEP seconds, not 3, after the last client registered before it
+connects back to the clients (DGL's rpc_server sleeps 3 s for "clients' receivers ready"): a client listens a
+moment after it registers, and a connection refused is tried again, 3 s later, by DGL itself. Every job starts
+about 3 s sooner.
+
 A DGL server of a job with `node_data_names` ($DGLKIT_NODE_DATA_NAMES: {stored key: served key}) serves its
 partition's node data under the names the program reads: the keys are renamed as DGL loads the part's
 node_feat.dgl, so no data is copied (dglkit.nodedata).
@@ -30,6 +35,9 @@ import os
 import sys
 import time
 import traceback
+
+# A kit job's servers wait this long, not DGL's 3 s, before they connect back to the clients that registered.
+HANDSHAKE_SLEEP = 0.2
 
 
 def process_name() -> str | None:
@@ -106,15 +114,36 @@ def wait_for_servers(paths: list[str], own: str) -> None:
         time.sleep(0.05)
 
 
-class ConnectOnceServersListen(importlib.abc.MetaPathFinder):
-    """Finds dgl.distributed.rpc_client for the import system and, once it is loaded, wraps its connect_to_server
-    (before dist_context imports it by name) in wait_for_servers."""
+def connect_once_servers_listen(rpc_client, paths: list[str], own: str) -> None:
+    connect = rpc_client.connect_to_server
 
-    def __init__(self, paths: list[str], own: str):
-        self.paths, self.own = paths, own
+    def connect_to_server(*args, **kwargs):
+        wait_for_servers(paths, own)
+        return connect(*args, **kwargs)
+
+    rpc_client.connect_to_server = connect_to_server
+
+
+class ShortHandshakeSleeps:
+    """The time module as DGL's rpc_server sees it, with sleeps of at most HANDSHAKE_SLEEP seconds."""
+
+    def __getattr__(self, name: str):
+        return getattr(time, name)
+
+    @staticmethod
+    def sleep(seconds: float) -> None:
+        time.sleep(min(seconds, HANDSHAKE_SLEEP))
+
+
+class AfterImport(importlib.abc.MetaPathFinder):
+    """Finds one module for the import system and calls `then` on it once it is loaded, before the modules that
+    import it take names from it (dist_context takes connect_to_server from rpc_client)."""
+
+    def __init__(self, name: str, then) -> None:
+        self.name, self.then = name, then
 
     def find_spec(self, name, path, target=None):
-        if name != "dgl.distributed.rpc_client":
+        if name != self.name:
             return None
         sys.meta_path.remove(self)
         spec = importlib.util.find_spec(name)
@@ -122,13 +151,7 @@ class ConnectOnceServersListen(importlib.abc.MetaPathFinder):
 
         def exec_module(module) -> None:
             load(module)
-            connect = module.connect_to_server
-
-            def connect_to_server(*args, **kwargs):
-                wait_for_servers(self.paths, self.own)
-                return connect(*args, **kwargs)
-
-            module.connect_to_server = connect_to_server
+            self.then(module)
 
         spec.loader.exec_module = exec_module
         return spec
@@ -147,8 +170,12 @@ original_run = multiprocessing.process.BaseProcess.run
 # A method replaced on purpose: every sampler child runs through run_or_exit (see the module docstring).
 multiprocessing.process.BaseProcess.run = run_or_exit  # type: ignore[method-assign]
 if os.environ.get("DGL_ROLE") == "client" and os.environ.get("DGLKIT_SERVER_STATUS"):
-    sys.meta_path.insert(0, ConnectOnceServersListen(os.environ["DGLKIT_SERVER_STATUS"].split(","),
-                                                     os.path.join(os.environ["DGLKIT_FAILURE_DIR"], "status.json")))
+    own_status = os.path.join(os.environ["DGLKIT_FAILURE_DIR"], "status.json")
+    sys.meta_path.insert(0, AfterImport("dgl.distributed.rpc_client", lambda module: connect_once_servers_listen(
+        module, os.environ["DGLKIT_SERVER_STATUS"].split(","), own_status)))
+if os.environ.get("DGL_ROLE") == "server" and os.environ.get("DGLKIT_FAILURE_DIR"):
+    sys.meta_path.insert(0, AfterImport("dgl.distributed.rpc_server",
+                                        lambda module: setattr(module, "time", ShortHandshakeSleeps())))
 if os.environ.get("DGL_ROLE") == "server" and os.environ.get("DGLKIT_NODE_DATA_NAMES"):
     try:
         serve_node_data_as(json.loads(os.environ["DGLKIT_NODE_DATA_NAMES"]))
