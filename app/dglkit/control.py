@@ -30,7 +30,7 @@ from typing import Any
 
 from dglkit import lock
 from dglkit.common import UserError, emit_result, read_json, replace_file
-from dglkit.watch import earlier_run
+from dglkit.jobstate import earlier_run
 
 UNIT = "dglkit-job.service"
 UNIT_FILE = Path("/etc/systemd/system") / UNIT

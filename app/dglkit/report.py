@@ -17,7 +17,7 @@ from typing import Any
 
 from dglkit.blame import history
 from dglkit.common import UserError, emit_result, is_regular, read_json, read_text, replace_file, write_json
-from dglkit.watch import snapshot
+from dglkit.jobstate import snapshot
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

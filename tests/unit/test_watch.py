@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from dglkit.watch import earlier_run
+from dglkit.jobstate import earlier_run
 from localjob import ENDLESS_TRAIN_ARGS, assert_job_gone, start_local_job
 
 
