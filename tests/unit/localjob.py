@@ -92,6 +92,21 @@ def epochs_done(job_dir: Path) -> int:
     return sum('"event": "epoch"' in line for line in lines)
 
 
+def checkpointed_epochs(job_dir: Path) -> int:
+    """Epochs that checkpoint.pt holds: those recorded before it was written (rank 0 records an epoch, then
+    checkpoints it; the hosts of a --local job share one clock)."""
+    import json
+
+    try:
+        written = (job_dir / "checkpoint.pt").stat().st_mtime
+        lines = (job_dir / "metrics.jsonl").read_text().splitlines()
+    except OSError:
+        return 0
+    # A line being written has no end yet and counts once it has.
+    records = [json.loads(line) for line in lines if '"event": "epoch"' in line and line.endswith("}")]
+    return sum(record["time"] <= written for record in records)
+
+
 def kill_trainer_after(job_dir: Path, launch: subprocess.Popen, epochs: int, node: str, rank: int = 1) -> None:
     """SIGKILL trainer `rank` of a running --local job once `epochs` epochs are recorded and checkpointed."""
     import json
@@ -99,7 +114,7 @@ def kill_trainer_after(job_dir: Path, launch: subprocess.Popen, epochs: int, nod
     import psutil
 
     deadline = time.time() + 480
-    while epochs_done(job_dir) < epochs or not (job_dir / "checkpoint.pt").exists():
+    while checkpointed_epochs(job_dir) < epochs:
         assert launch.poll() is None and time.time() < deadline, (job_dir / "launch.out").read_text()[-3000:]
         time.sleep(0.3)
     status = json.loads((job_dir / f"nodes/{node}/status.json").read_text())

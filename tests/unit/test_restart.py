@@ -11,7 +11,7 @@ import pytest
 
 from dglkit.common import read_json
 from dglkit.launch import HeartbeatWatch
-from localjob import assert_job_gone, epochs_done, kill_trainer_after, start_local_job
+from localjob import assert_job_gone, checkpointed_epochs, epochs_done, kill_trainer_after, start_local_job
 
 
 def start_restartable_job(job_dir: Path, part_config: Path, epochs: int):
@@ -81,7 +81,7 @@ def test_a_launcher_started_again_mid_attempt_restarts_the_job(partition_1, tmp_
     job_dir = tmp_path / "job"
     launch, ports, shm_before = start_restartable_job(job_dir, partition_1, 12)
     deadline = time.time() + 480
-    while not (job_dir / "checkpoint.pt").exists() or epochs_done(job_dir) < 3:
+    while checkpointed_epochs(job_dir) < 3:
         assert launch.poll() is None and time.time() < deadline, (job_dir / "launch.out").read_text()[-3000:]
         time.sleep(0.3)
     launch.kill()  # its servers and trainers get SIGTERM from the kernel (PR_SET_PDEATHSIG)
