@@ -286,9 +286,7 @@ def preflight(cfg: argparse.Namespace, ahead: bool = False) -> dict:
 def check_ahead(config: dict[str, Any], node_name: str) -> dict[str, Any]:
     """`--check` on job.json's content before train.yml writes the file (`dglkit control ready`: one round trip
     fewer). {"checked": false} while the partition is still to be made: train.yml then runs `--check` after it."""
-    parser = argparse.ArgumentParser()
-    add_arguments(parser)
-    cfg = settings(parser.parse_args(["--node-name", node_name]), config)
+    cfg = settings(argparse.Namespace(config=None, node_name=node_name), config)
     if not cfg.part_config or not Path(cfg.part_config).is_file():
         return {"checked": False, "error": None}
     try:
@@ -522,7 +520,7 @@ class Launcher:
                 server_env[nodedata.ENV] = json.dumps(job["served_names"])
             self.start(f"server-{s}", job["command"], server_env, self.node_dir / f"server-{s}.log")
         # Trainers start with the servers, as DGL's launch.py starts them: their imports overlap the servers'
-        # start-up, and they retry connecting (DGL_DIST_MAX_TRY_TIMES, 3 s apart) until every server listens.
+        # start-up, and they connect once every node's servers listen (jobsite/; DGL retries, 3 s apart, after).
         for local_rank in range(cfg.num_trainers):
             rank = job["machine_id"] * cfg.num_trainers + local_rank
             self.start(f"trainer-{rank}", job["command"], dict(

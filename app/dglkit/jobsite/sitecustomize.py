@@ -91,23 +91,23 @@ def serve_node_data_as(served: dict[str, str]) -> None:
     dist_graph.load_partition_feats = load_renamed
 
 
-def servers_listen(paths: list[str], attempt: int) -> list[bool]:
+def servers_listen(paths: list[str], attempt: int) -> dict[str, bool]:
     """Whether each launcher (its status.json) says its servers listen in this attempt."""
-    said = []
+    said = {}
     for path in paths:
         try:
             with open(path) as status:
                 record = json.load(status)
         except (OSError, ValueError):
             record = {}
-        said.append(bool(record.get("listening")) and record.get("attempt") == attempt)
+        said[path] = bool(record.get("listening")) and record.get("attempt") == attempt
     return said
 
 
 def wait_for_servers(paths: list[str], own: str) -> None:
     attempt, own_since = int(os.environ.get("DGLKIT_ATTEMPT", "1")), None
-    while not all(servers_listen(paths, attempt)):
-        if own_since is None and all(servers_listen([own], attempt)):
+    while not all((said := servers_listen(paths, attempt)).values()):
+        if own_since is None and said.get(own):
             own_since = time.monotonic()
         if own_since is not None and time.monotonic() - own_since > 3:
             return
