@@ -56,12 +56,15 @@ def machine() -> dict[str, Any]:
 
 # "-quick" for smoke runs (--quick): they go to <name>-quick.jsonl and never mix with the real figures.
 SUFFIX = ""
+# The command line each result records; a script whose arguments name files outside the repository (a local
+# copy of DGL's launch.py) records a placeholder for them.
+COMMAND = " ".join(shlex.quote(a) for a in sys.argv)
 
 
 def append(name: str, record: dict[str, Any]) -> dict[str, Any]:
     """Append one result line to bench/results/<name>.jsonl, stamped with date, commit and machine facts."""
     record = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "commit": git_commit(),
-              "machine": machine(), "command": " ".join(shlex.quote(a) for a in sys.argv), **record}
+              "machine": machine(), "command": COMMAND, **record}
     RESULTS.mkdir(parents=True, exist_ok=True)
     with open(RESULTS / f"{name}{SUFFIX}.jsonl", "a") as f:
         f.write(json.dumps(record, sort_keys=True) + "\n")
