@@ -27,7 +27,7 @@ import numpy as np
 
 from dglkit import ptscotch
 from dglkit.common import UserError, emit_result, peak_rss_mb, read_json, write_json
-from dglkit.mpicomm import BATCH_EDGES, ArraysInput, exchange, mpi_main, owner, padded, ranges, rounds
+from dglkit.mpicomm import BATCH_EDGES, ArraysInput, exchange, lookup, mpi_main, owner, padded, ranges, rounds
 
 TRAIN_MASK = "train_mask"
 
@@ -154,12 +154,8 @@ def edge_cut(comm: Any, parts: np.ndarray, indptr: np.ndarray, indices: np.ndarr
     different parts, from the parts of this rank's neighbours, asked of their owners."""
     from mpi4py import MPI
 
-    first = int(starts[comm.Get_rank()])
     neighbours = np.unique(indices)
-    asked, per_rank = exchange(comm, neighbours[:, None], owner(neighbours, starts))
-    answers, _ = exchange(comm, parts[asked[:, 0] - first][:, None],
-                          np.repeat(np.arange(comm.Get_size()), per_rank))
-    neighbour_parts = answers[:, 0]  # in `neighbours` order: sorted IDs go out, and come back, in owner order
+    neighbour_parts = lookup(comm, neighbours, starts, parts[:, None])[:, 0]
     crossing = 0
     step = 1 << 22
     for begin in range(0, len(indices), step):

@@ -48,6 +48,17 @@ def exchange(comm: Any, rows: np.ndarray, dest: np.ndarray) -> tuple[np.ndarray,
     return received, recv_counts // width
 
 
+def lookup(comm: Any, ids: np.ndarray, starts: np.ndarray, table: np.ndarray) -> np.ndarray:
+    """table's rows (int64; row i holds node starts[rank] + i) of nodes `ids`, from the ranks that own them,
+    one row per ID. Collective."""
+    rank, size = comm.Get_rank(), comm.Get_size()
+    unique, inverse = np.unique(ids, return_inverse=True)
+    asked, per_rank = exchange(comm, unique[:, None], owner(unique, starts))
+    answers, _ = exchange(comm, table[asked[:, 0] - starts[rank]], np.repeat(np.arange(size), per_rank))
+    # Sorted IDs went out in owner order; the answers come back in the same order.
+    return answers[inverse]
+
+
 class ArraysInput:
     """A prepared dataset's arrays/ (src.npy, dst.npy, node_<name>.npy) as memory maps: a rank reads its own
     share of them only."""
