@@ -9,17 +9,37 @@ import sys
 import time
 from pathlib import Path
 
+import dgl
 import numpy as np
 import psutil
 import pytest
 
 from dglkit import leanpart
 from dglkit.mpiassign import load_assignment
+from localjob import build
+from test_partition import assert_same_files, owned_and_halo
 
 APP = Path(__file__).resolve().parents[2] / "app"
 MPIRUN = ["mpirun", "--oversubscribe", "--mca", "btl", "self,tcp", "--mca", "btl_tcp_if_include", "lo"]
 ENV = {**os.environ, "PYTHONPATH": str(APP), "DGLBACKEND": "pytorch",
        "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+
+
+@pytest.fixture(scope="module")
+def directed_dataset(synthetic_dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The synthetic graph's edges one way only (a random half), with self loops and duplicates added: the
+    edges into halo nodes are then not all reverses of in-edges, and the partitioner's input must be made
+    symmetric and simple."""
+    src, dst, _ = arrays(synthetic_dataset)
+    rng = np.random.default_rng(3)
+    one_way = rng.random(len(src)) < 0.5
+    loops = rng.integers(0, len(src) // 12, 200)
+    edges = np.stack([np.concatenate([src[one_way], loops, src[:300]]), np.concatenate([dst[one_way], loops, dst[:300]])], 1)
+    directory = tmp_path_factory.mktemp("directed")
+    np.savez(directory / "graph.npz", edges=edges, feat=np.load(synthetic_dataset / "arrays" / "node_feat.npy"),
+             labels=np.load(synthetic_dataset / "arrays" / "node_labels.npy"))
+    build("prepare", "--dataset", "files", "--path", directory / "graph.npz", "--out", directory / "dataset", "--arrays")
+    return directory / "dataset"
 
 
 def mpi_command(ranks: int, program: str, *args: object) -> list[str]:
@@ -47,8 +67,10 @@ def pair_cut(assignment: np.ndarray, src: np.ndarray, dst: np.ndarray) -> int:
     return int(np.count_nonzero(assignment[low] != assignment[high]))
 
 
-@pytest.mark.parametrize("ranks, num_parts", [(2, 2), (4, 4), (2, 4)])
-def test_assignment_covers_every_node_balanced_and_cuts_like_metis(synthetic_dataset, tmp_path, ranks, num_parts):
+@pytest.mark.parametrize("ranks, num_parts, dataset", [(2, 2, "synthetic_dataset"), (4, 4, "synthetic_dataset"),
+                                                       (2, 4, "synthetic_dataset"), (4, 2, "directed_dataset")])
+def test_assignment_covers_every_node_balanced_and_cuts_like_metis(request, tmp_path, ranks, num_parts, dataset):
+    synthetic_dataset = request.getfixturevalue(dataset)
     out = tmp_path / "assignment"
     result = json.loads(mpirun(ranks, "mpiassign", "--dataset-dir", synthetic_dataset, "--out", out,
                                "--num-parts", num_parts).stdout.strip().splitlines()[-1])
@@ -87,22 +109,28 @@ def test_bad_input_fails_before_anything_is_written(tmp_path):
     assert proc.returncode != 0 and "prepare --arrays" in proc.stderr and not (tmp_path / "a").exists()
 
 
-def test_a_killed_rank_fails_the_run_and_leaves_nothing_to_trust(synthetic_dataset, tmp_path):
+@pytest.mark.parametrize("program", ["mpiassign", "mpibuild"])
+def test_a_killed_rank_fails_the_run_and_leaves_nothing_to_trust(synthetic_dataset, tmp_path, program):
     """One rank killed while the ranks exchange edges (tiny rounds keep them at it for seconds): mpirun fails,
-    no assignment directory appears, and a later run completes in spite of what the killed one left."""
-    out = tmp_path / "assignment"
-    args = ("--dataset-dir", synthetic_dataset, "--out", out, "--num-parts", 2)
-    launcher = subprocess.Popen(mpi_command(2, "mpiassign", *args, "--batch-edges", 32), env=ENV,
+    no output directory appears, and a later run completes in spite of what the killed one left."""
+    out = tmp_path / "out"
+    args: tuple[object, ...] = ("--dataset-dir", synthetic_dataset, "--out", out)
+    if program == "mpiassign":
+        args += ("--num-parts", 2)
+    else:
+        mpirun(2, "mpiassign", "--dataset-dir", synthetic_dataset, "--out", tmp_path / "assignment", "--num-parts", 2)
+        args += ("--assignment", tmp_path / "assignment")
+    launcher = subprocess.Popen(mpi_command(2, program, *args, "--batch-edges", 32), env=ENV,
                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     victim = exchanging_rank(launcher.pid)
     victim.send_signal(signal.SIGKILL)
     _, stderr = launcher.communicate(timeout=120)
     assert launcher.returncode != 0, stderr[-2000:]
     assert not out.exists()
-    assert not (tmp_path / ".assignment.partial" / "manifest.json").exists()
-    mpirun(2, "mpiassign", *args)
-    assert len(load_assignment(out)) == len(np.load(synthetic_dataset / "arrays" / "node_labels.npy"))
-    assert not (tmp_path / ".assignment.partial").exists()
+    assert not (tmp_path / ".out.partial" / "manifest.json").exists()
+    mpirun(2, program, *args)
+    assert json.loads((out / "manifest.json").read_text())["complete"]
+    assert not (tmp_path / ".out.partial").exists()
 
 
 def exchanging_rank(mpirun_pid: int) -> psutil.Process:
@@ -117,3 +145,35 @@ def exchanging_rank(mpirun_pid: int) -> psutil.Process:
                 pass
         time.sleep(0.05)
     raise AssertionError("no rank mapped the edges within a minute")
+
+
+@pytest.mark.parametrize("ranks, dataset", [(2, "directed_dataset"), (4, "synthetic_dataset")])
+def test_parts_built_by_the_ranks_are_the_lean_builders_and_load_in_dgl(request, tmp_path, ranks, dataset):
+    """Assignment on 2 ranks, parts on `ranks` (small rounds: ranks run out of edges at different rounds), then
+    the lean builder on one host from the same assignment: the same files, counts and cut; DGL loads them."""
+    synthetic_dataset = request.getfixturevalue(dataset)
+    assignment_dir, out, lean = tmp_path / "assignment", tmp_path / "parts", tmp_path / "lean"
+    mpirun(2, "mpiassign", "--dataset-dir", synthetic_dataset, "--out", assignment_dir, "--num-parts", ranks)
+    mpirun(ranks, "mpibuild", "--dataset-dir", synthetic_dataset, "--assignment", assignment_dir, "--out", out,
+           "--batch-edges", 5000)
+    lean.mkdir()
+    counts = leanpart.build(synthetic_dataset / "graph.dgl", load_assignment(assignment_dir), lean, "graph", ranks,
+                            "ptscotch")
+    assert_same_files(out, lean, ranks)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["complete"] and manifest["edge_cut"] == counts["edge_cut"]
+    assert [{key: part[key] for key in counts["parts"][0]} for part in manifest["parts"]] == counts["parts"]
+    graph = dgl.load_graphs(str(synthetic_dataset / "graph.dgl"))[0][0]
+    owned_and_halo(out / "graph.json", graph)
+    for part in range(ranks):
+        part_graph, node_feats, *_ = dgl.distributed.load_partition(str(out / "graph.json"), part)
+        assert int(part_graph.ndata["inner_node"].sum()) == manifest["parts"][part]["nodes"]
+        assert set(node_feats) == {f"_N/{name}" for name in graph.ndata}
+
+
+def test_build_refuses_an_assignment_for_another_number_of_ranks(synthetic_dataset, tmp_path):
+    assignment_dir = tmp_path / "assignment"
+    mpirun(2, "mpiassign", "--dataset-dir", synthetic_dataset, "--out", assignment_dir, "--num-parts", 4)
+    proc = mpirun(2, "mpibuild", "--dataset-dir", synthetic_dataset, "--assignment", assignment_dir, "--out",
+                  tmp_path / "parts", check=False)
+    assert proc.returncode == 2 and "run with mpirun -np 4" in proc.stderr and not (tmp_path / "parts").exists()
