@@ -42,6 +42,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--strategy", choices=tuple(ptscotch.STRATEGIES), default="quality",
                         help="PT-Scotch's strategy flag (%(default)s)")
     parser.add_argument("--imbalance", type=float, default=0.03, help="load imbalance allowed (%(default)s)")
+    parser.add_argument("--seed", type=int, default=0, help="PT-Scotch's random seed (%(default)s)")
     parser.add_argument("--batch-edges", type=int, default=BATCH_EDGES, help="edges per exchange round")
     args = parser.parse_args(argv)
     if not 0 < args.imbalance < 1 or args.batch_edges < 1:
@@ -62,7 +63,8 @@ def program(comm: Any, argv: list[str]) -> int:
     del keys
     shuffled = time.perf_counter()
     weights = None if args.vertex_weight == "nodes" else 1 + in_degree
-    parts = ptscotch.partition(comm, indptr, indices, args.num_parts, weights, args.strategy, args.imbalance)
+    parts = ptscotch.partition(comm, indptr, indices, args.num_parts, weights, args.strategy, args.imbalance,
+                                 args.seed)
     partitioned = time.perf_counter()
     train = (data.node_rows(TRAIN_MASK, starts[rank], starts[rank + 1]).astype(bool)
              if TRAIN_MASK in data.node_data else None)
@@ -81,6 +83,7 @@ def program(comm: Any, argv: list[str]) -> int:
                     "dataset_fingerprint": data.dataset.get("fingerprint"), "num_parts": args.num_parts,
                     "slices": [[int(a), int(b)] for a, b in zip(starts[:-1], starts[1:])],
                     "vertex_weight": args.vertex_weight, "strategy": args.strategy, "imbalance": args.imbalance,
+                    "seed": args.seed,
                     "parts": [{"part": p, "nodes": int(n), "edges": int(e), "train_nodes": int(t)}
                               for p, (n, e, t) in enumerate(counts.T)],
                     "edge_cut": cut, "ranks": ranks, "seconds": round(time.perf_counter() - started, 3)}

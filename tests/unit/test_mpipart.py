@@ -94,12 +94,14 @@ def test_assignment_covers_every_node_balanced_and_cuts_like_metis(request, tmp_
     assert cut < 0.5 * pair_cut(leanpart.random_parts(num_nodes, num_parts), src, dst)
 
 
-def test_degree_weights_balance_in_edges(synthetic_dataset, tmp_path):
-    out = tmp_path / "assignment"
-    mpirun(2, "mpiassign", "--dataset-dir", synthetic_dataset, "--out", out, "--num-parts", 2, "--vertex-weight",
-           "degree")
+def test_degree_weights_balance_in_edges_and_a_rerun_repeats_the_assignment(synthetic_dataset, tmp_path):
+    runs = [tmp_path / "first", tmp_path / "again"]
+    for out in runs:
+        mpirun(2, "mpiassign", "--dataset-dir", synthetic_dataset, "--out", out, "--num-parts", 2, "--vertex-weight",
+               "degree")
     _, dst, train = arrays(synthetic_dataset)
-    assignment = load_assignment(out)
+    assignment = load_assignment(runs[0])
+    np.testing.assert_array_equal(load_assignment(runs[1]), assignment)
     nodes_and_edges = np.bincount(assignment, minlength=2) + np.bincount(assignment[dst], minlength=2)
     assert nodes_and_edges.max() <= 1.03 * nodes_and_edges.sum() / 2 + 1
 
