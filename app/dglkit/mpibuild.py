@@ -72,10 +72,10 @@ def program(comm: Any, argv: list[str]) -> int:
     write_at(tmp / "orig_nids.npy", offsets, int(node_starts[rank]), owned)
     del owned
     edge_starts, before = edge_ranges(comm, data, starts, table, args.batch_edges)
-    inner, candidates, cut = send_edges(comm, data, starts, table, edge_starts[:-1] + before, args.batch_edges)
+    inner, candidates, cut = send_edges(comm, data, starts, table, edge_starts, before, args.batch_edges)
     del table
-    write_at(tmp / "orig_eids.npy", offsets, int(edge_starts[rank]), inner[:, 1])
-    halo = write_part_graph(part_dir, rank, node_starts, inner, candidates)
+    write_at(tmp / "orig_eids.npy", offsets, int(edge_starts[rank]), inner[:, 0])
+    halo = write_part_graph(part_dir, rank, node_starts, int(edge_starts[rank]), inner, candidates)
     counts = {"part": rank, "nodes": int(node_starts[rank + 1] - node_starts[rank]), "edges": len(inner),
               "train_nodes": train_nodes, "halo_nodes": halo}
     del inner, candidates
@@ -169,32 +169,36 @@ def edge_ranges(comm: Any, data: ArraysInput, starts: np.ndarray, table: np.ndar
     return np.concatenate([[0], np.cumsum(every.sum(0))]), every[:comm.Get_rank()].sum(0)
 
 
-def send_edges(comm: Any, data: ArraysInput, starts: np.ndarray, table: np.ndarray, next_id: np.ndarray, batch: int
-               ) -> tuple[np.ndarray, np.ndarray, int]:
-    """This part's in-edges as rows (new ID, original ID, new source, new destination) and the other parts'
-    edges out of its nodes into theirs as rows (new ID, new source, new destination), both in new-ID order;
-    and how many of this rank's edges join two parts. next_id[q]: the new ID of this rank's first edge into q."""
-    inner, candidates, cut = [], [], 0
+def send_edges(comm: Any, data: ArraysInput, starts: np.ndarray, table: np.ndarray, edge_starts: np.ndarray,
+               before: np.ndarray, batch: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """This part's in-edges as rows (original ID, new source, new destination), row i the one of new ID
+    edge_starts[p] + i; the other parts' edges out of its nodes into theirs as rows (new ID, new source, new
+    destination) in new-ID order; and how many of this rank's edges join two parts. before[q]: the edges into
+    part q of the ranks before this one."""
+    first_id = int(edge_starts[comm.Get_rank()])
+    next_id = edge_starts[:-1] + before  # per part: the new ID of this rank's next edge into it
+    inner = np.empty((int(edge_starts[comm.Get_rank() + 1]) - first_id, 3), np.int64)
+    candidates, cut = [], 0
     for first, src_rows, dst_rows, src in ends(comm, data, starts, table, batch):
         new_eids = numbered(dst_rows[:, 0], next_id)
         next_id += np.bincount(dst_rows[:, 0], minlength=len(next_id))
         orig = np.arange(first, first + len(src))
         received, _ = exchange(comm, np.stack([new_eids, orig, src_rows[:, 1], dst_rows[:, 1]], 1), dst_rows[:, 0])
-        inner.append(received)
+        inner[received[:, 0] - first_id] = received[:, 1:]  # each row at its place: no sort
         crossing = src_rows[:, 0] != dst_rows[:, 0]
         cut += int(np.count_nonzero(crossing))
         received, _ = exchange(comm, np.stack([new_eids, src_rows[:, 1], dst_rows[:, 1]], 1)[crossing],
                                src_rows[crossing, 0])
         candidates.append(received)
-    inner_rows, candidate_rows = (np.concatenate(rows) for rows in (inner, candidates))
-    return inner_rows[np.argsort(inner_rows[:, 0])], candidate_rows[np.argsort(candidate_rows[:, 0])], cut
+    candidate_rows = np.concatenate(candidates)
+    return inner, candidate_rows[np.argsort(candidate_rows[:, 0])], cut
 
 
-def write_part_graph(part_dir: Path, p: int, node_starts: np.ndarray, inner: np.ndarray, candidates: np.ndarray
-                     ) -> int:
+def write_part_graph(part_dir: Path, p: int, node_starts: np.ndarray, first_id: int, inner: np.ndarray,
+                     candidates: np.ndarray) -> int:
     """graph.dgl of part p from its in-edges and the candidates; return its number of halo nodes."""
     node_start, num_owned = int(node_starts[p]), int(node_starts[p + 1] - node_starts[p])
-    sources = inner[:, 2]
+    sources = inner[:, 1]
     halo = np.unique(sources[(sources < node_start) | (sources >= node_start + num_owned)])
     outer = candidates[np.isin(candidates[:, 2], halo)]
 
@@ -202,10 +206,11 @@ def write_part_graph(part_dir: Path, p: int, node_starts: np.ndarray, inner: np.
         owned = (new >= node_start) & (new < node_start + num_owned)
         return np.where(owned, new - node_start, num_owned + np.searchsorted(halo, new))
 
-    edge_ends = np.concatenate([np.stack([local(inner[:, 2]), local(inner[:, 3])]),
-                                np.stack([local(outer[:, 1]), local(outer[:, 2])])], 1)
+    edge_ends = np.empty((2, len(inner) + len(outer)), np.int64)
+    for end in (0, 1):
+        edge_ends[end, :len(inner)], edge_ends[end, len(inner):] = local(inner[:, 1 + end]), local(outer[:, 1 + end])
     leanpart.save_part_graph(part_dir, p, node_start, num_owned, halo, owner(halo, node_starts), edge_ends,
-                             np.concatenate([inner[:, 0], outer[:, 0]]), len(inner))
+                             np.concatenate([np.arange(first_id, first_id + len(inner)), outer[:, 0]]), len(inner))
     return len(halo)
 
 
