@@ -61,7 +61,7 @@ def program(comm: Any, argv: list[str]) -> int:
     keys, in_degree = shuffle(comm, data, starts, args.batch_edges)
     indptr, indices = local_csr([keys], len(in_degree), data.num_nodes)
     del keys
-    shuffled = time.perf_counter()
+    shuffled, shuffle_peak = time.perf_counter(), peak_rss_mb()
     weights = None if args.vertex_weight == "nodes" else 1 + in_degree
     parts = ptscotch.partition(comm, indptr, indices, args.num_parts, weights, args.strategy, args.imbalance,
                                  args.seed)
@@ -77,6 +77,7 @@ def program(comm: Any, argv: list[str]) -> int:
     comm.Barrier()
     np.save(tmp / f"assignment-{rank}.npy", parts.astype(np.int32))
     ranks = comm.gather({"rank": rank, "host": os.uname().nodename, "peak_rss_mb": round(peak_rss_mb()),
+                         "shuffle_peak_rss_mb": round(shuffle_peak),
                          "shuffle_s": round(shuffled - started, 3), "partition_s": round(partitioned - shuffled, 3)})
     if rank == 0:
         manifest = {"complete": True, "num_nodes": data.num_nodes, "num_edges": data.num_edges,

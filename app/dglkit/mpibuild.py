@@ -185,9 +185,9 @@ def send_edges(comm: Any, data: ArraysInput, starts: np.ndarray, table: np.ndarr
         orig = np.arange(first, first + len(src))
         received, _ = exchange(comm, np.stack([new_eids, orig, src_rows[:, 1], dst_rows[:, 1]], 1), dst_rows[:, 0])
         inner[received[:, 0] - first_id] = received[:, 1:]  # each row at its place: no sort
-        crossing = src_rows[:, 0] != dst_rows[:, 0]
-        cut += int(np.count_nonzero(crossing))
-        received, _ = exchange(comm, np.stack([new_eids, src_rows[:, 1], dst_rows[:, 1]], 1)[crossing],
+        crossing = np.flatnonzero(src_rows[:, 0] != dst_rows[:, 0])
+        cut += len(crossing)
+        received, _ = exchange(comm, np.stack([new_eids[crossing], src_rows[crossing, 1], dst_rows[crossing, 1]], 1),
                                src_rows[crossing, 0])
         candidates.append(received)
     candidate_rows = np.concatenate(candidates)
