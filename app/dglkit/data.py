@@ -40,21 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "ogbn-products or ogbn-mag")
     parser.add_argument("--out", required=True, type=Path, help="output directory (graph.dgl, dataset.json)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the generator and of fraction splits (%(default)s)")
-    split = parser.add_argument_group("split fractions (synthetic, and files without masks)")
-    split.add_argument("--train-frac", type=float, default=0.1, help="fraction of nodes to train on (%(default)s)")
-    split.add_argument("--val-frac", type=float, default=0.05, help="fraction validated every epoch (%(default)s)")
-    split.add_argument("--test-frac", type=float, default=0.1, help="fraction tested at the end (%(default)s)")
-    syn = parser.add_argument_group("synthetic: degree-corrected stochastic block model")
-    syn.add_argument("--num-nodes", type=int, default=100_000, help="number of nodes (%(default)s)")
-    syn.add_argument("--avg-degree", type=float, default=20,
-                     help="mean in-degree of the symmetric graph, before dropping self loops and duplicates (%(default)s)")
-    syn.add_argument("--num-classes", type=int, default=10, help="number of label classes (%(default)s)")
-    syn.add_argument("--feat-dim", type=int, default=100, help="node feature dimension (%(default)s)")
-    syn.add_argument("--num-communities", type=int, default=0,
-                     help="communities (class = community %% num-classes); 0: max(num-classes, nodes/1000)")
-    syn.add_argument("--homophily", type=float, default=0.8, help="fraction of edges inside a community (%(default)s)")
-    syn.add_argument("--label-noise", type=float, default=0.1,
-                     help="fraction of nodes whose label is redrawn at random (caps the reachable accuracy; %(default)s)")
+    add_synthetic_arguments(parser)
     ogb = parser.add_argument_group("ogbn-*")
     ogb.add_argument("--data-root", type=Path,
                      help="directory holding ogbn_<name>/ (or the official zip's <name>/ directory)")
@@ -75,6 +61,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="fraction of node pairs removed from the graph and kept for validation (%(default)s)")
     links.add_argument("--test-edges-frac", type=float, default=0.0,
                        help="fraction of node pairs removed from the graph and kept for testing (%(default)s)")
+
+
+def add_synthetic_arguments(parser: argparse.ArgumentParser) -> None:
+    """The synthetic graphs' parameters and the split fractions (`dglkit chunked generate` takes them too)."""
+    split = parser.add_argument_group("split fractions (synthetic, and files without masks)")
+    split.add_argument("--train-frac", type=float, default=0.1, help="fraction of nodes to train on (%(default)s)")
+    split.add_argument("--val-frac", type=float, default=0.05, help="fraction validated every epoch (%(default)s)")
+    split.add_argument("--test-frac", type=float, default=0.1, help="fraction tested at the end (%(default)s)")
+    syn = parser.add_argument_group("synthetic: degree-corrected stochastic block model")
+    syn.add_argument("--num-nodes", type=int, default=100_000, help="number of nodes (%(default)s)")
+    syn.add_argument("--avg-degree", type=float, default=20,
+                     help="mean in-degree of the symmetric graph, before dropping self loops and duplicates (%(default)s)")
+    syn.add_argument("--num-classes", type=int, default=10, help="number of label classes (%(default)s)")
+    syn.add_argument("--feat-dim", type=int, default=100, help="node feature dimension (%(default)s)")
+    syn.add_argument("--num-communities", type=int, default=0,
+                     help="communities (class = community %% num-classes); 0: max(num-classes, nodes/1000)")
+    syn.add_argument("--homophily", type=float, default=0.8, help="fraction of edges inside a community (%(default)s)")
+    syn.add_argument("--label-noise", type=float, default=0.1,
+                     help="fraction of nodes whose label is redrawn at random (caps the reachable accuracy; %(default)s)")
 
 
 def run(args: argparse.Namespace) -> int:
