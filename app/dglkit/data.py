@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from dglkit import hetero, kinds
+from dglkit import chunkprep, hetero, kinds
 from dglkit.common import UserError, digest, emit_result, peak_rss_mb, read_csv, read_json, write_json
 from dglkit.resources import MEMORY_HELP, check_fits, memory_estimate
 
@@ -36,7 +36,8 @@ FEATURE_SIGNAL = 1.5
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dataset", required=True,
-                        help="'synthetic', 'synthetic-hetero', 'files', or an OGB node-property dataset such as "
+                        help="'synthetic', 'synthetic-hetero', 'files', 'chunked' (a graph in DGL's chunked format "
+                             "at --path: only dataset.json is written), or an OGB node-property dataset such as "
                              "ogbn-products or ogbn-mag")
     parser.add_argument("--out", required=True, type=Path, help="output directory (graph.dgl, dataset.json)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the generator and of fraction splits (%(default)s)")
@@ -49,7 +50,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     files = parser.add_argument_group("files")
     files.add_argument("--path", type=Path,
                        help="an .npz, or a directory of .npy files (edges and labels may be .csv): edges "
-                            "(E x 2 or 2 x E), feat (N x F), labels (N), optional train_mask/val_mask/test_mask")
+                            "(E x 2 or 2 x E), feat (N x F), labels (N), optional train_mask/val_mask/test_mask; "
+                            "chunked: the directory holding metadata.json")
     parser.add_argument("--add-reverse-edges", action="store_true",
                         help="files and ogbn-*: make the graph symmetric (the synthetic graph always is)")
     parser.add_argument("--memory-gb", type=float, help=MEMORY_HELP)
@@ -83,6 +85,8 @@ def add_synthetic_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.dataset == kinds.CHUNKED.name:
+        return chunkprep.run(args)
     source, params, inputs = check_arguments(args)
     if args.val_edges_frac or args.test_edges_frac:  # only then: fingerprints of other datasets stay as they were
         params["edges"] = {"val": args.val_edges_frac, "test": args.test_edges_frac, "seed": args.seed}

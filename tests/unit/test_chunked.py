@@ -58,16 +58,20 @@ def write_graph(root: Path, nodes: dict[str, list[int]], edges: dict[str, tuple[
     return root
 
 
-@pytest.fixture
-def hetero(tmp_path: Path) -> Path:
+def write_hetero(root: Path) -> Path:
     """Four node types (author, institution and field featureless), labels and masks on paper, edge data on
     cites."""
     rng = np.random.default_rng(0)
     papers = sum(HETERO_NODES["paper"])
     paper = {"feat": rng.standard_normal((papers, 3), dtype=np.float32), "labels": rng.integers(0, 3, papers),
              **{name: rng.random(papers) < 0.4 for name in ("train_mask", "val_mask", "test_mask")}}
-    return write_graph(tmp_path / "hetero", HETERO_NODES, HETERO_EDGES, {"paper": paper},
+    return write_graph(root, HETERO_NODES, HETERO_EDGES, {"paper": paper},
                        {"paper:cites:paper": {"weight": np.arange(4, dtype=np.float32)}})
+
+
+@pytest.fixture
+def hetero(tmp_path: Path) -> Path:
+    return write_hetero(tmp_path / "hetero")
 
 
 @pytest.fixture
