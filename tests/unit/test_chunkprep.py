@@ -70,3 +70,12 @@ def test_refuses_some_masks_without_the_others(cli, tmp_path, hetero):
     edit(hetero, lambda m: m["node_data"]["paper"].pop("val_mask"))
     code, _, err = prepare(cli, hetero, tmp_path / "ds")
     assert code == 2 and "give all three masks or none" in err
+
+
+def test_the_single_host_partitioners_refuse_a_chunked_dataset(cli, tmp_path, hetero):
+    code, _, err = prepare(cli, hetero, tmp_path / "ds")
+    assert code == 0, err
+    code, _, err = cli("partition", "--dataset-dir", tmp_path / "ds", "--out", tmp_path / "parts", "--num-parts", "2",
+                       "--graph-name", "g")
+    assert code == 2 and "describes a graph in DGL's chunked format" in err and str(hetero) in err
+    assert not (tmp_path / "parts").exists()
