@@ -90,8 +90,8 @@ def check(s: dict[str, Any], given: dict[str, Any]) -> list[str]:
     names = s["node_data_names"]
     rules = [
         (kinds.kind(dataset) is None,
-         f"dgl_job_dataset={dataset}: use synthetic, synthetic-hetero, files or an ogbn-* name such as ogbn-products or "
-         "ogbn-mag"),
+         f"dgl_job_dataset={dataset}: use synthetic, synthetic-hetero, files, chunked or an ogbn-* name such as "
+         "ogbn-products or ogbn-mag"),
         (task == "link_prediction" and hetero is True,
          f"dgl_job_task=link_prediction runs on homogeneous graphs; {dataset} is heterogeneous (use "
          "dgl_job_task=node_classification, which trains RGCN on it)"),
@@ -104,6 +104,8 @@ def check(s: dict[str, Any], given: dict[str, Any]) -> list[str]:
          "dgl_job_link_val_frac and dgl_job_link_test_frac must be > 0 with a sum < 1"),
         (dataset == "files" and not s["files_path"],
          "dgl_job_dataset=files needs dgl_job_files_path (a .npz file or a directory on the storage host)"),
+        (dataset == "chunked" and not s["chunked_path"],
+         "dgl_job_dataset=chunked needs dgl_job_chunked_path (the directory of its metadata.json on the shared workspace)"),
         (bool(job_id) and not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", job_id),
          f"dgl_job_id={job_id}: " + ("'.' and '..' are not names" if job_id in (".", "..") else
                                      "use letters, digits, ., _ and - only, starting with a letter or digit")

@@ -77,11 +77,13 @@ SECTIONS: list[tuple[Section, list[Setting]]] = [
     (Section("Dataset", "Dataset: synthetic (a community graph of any size, features and labels follow the communities),\n"
              "         synthetic-hetero (papers, authors, institutions, fields of study; labels on papers),\n"
              "         ogbn-products, ogbn-mag or another ogbn-* node-property dataset, or files (your own graph;\n"
-             "         a directory with num_nodes.json is heterogeneous, see docs/datasets.md).\n"
+             "         a directory with num_nodes.json is heterogeneous, see docs/datasets.md), or chunked (a graph in\n"
+             "         DGL's chunked graph format that no host has to hold whole).\n"
              "The dataset settings reach the dgl_dataset role through playbooks/vars/dgl_dataset.yml."), [
         Setting("dataset", "str", "synthetic",
-                "synthetic, synthetic-hetero (papers, authors, institutions, fields; labels on papers), files, or an "
-                "OGB node-property dataset (ogbn-products, ogbn-arxiv, ogbn-mag, ...).", DATASET, PARTITION),
+                "synthetic, synthetic-hetero (papers, authors, institutions, fields; labels on papers), files, chunked "
+                "(DGL's chunked graph format at dgl_job_chunked_path), or an OGB node-property dataset "
+                "(ogbn-products, ogbn-arxiv, ogbn-mag, ...).", DATASET, PARTITION),
         Setting("synthetic_nodes", "int", 100000, "Nodes of the synthetic graph.", DATASET, PARTITION),
         Setting("synthetic_degree", "int", 10, "Mean degree of the synthetic graph.", DATASET, PARTITION),
         Setting("synthetic_classes", "int", 10, "Classes of the synthetic graph.", DATASET, PARTITION),
@@ -99,6 +101,12 @@ SECTIONS: list[tuple[Section, list[Setting]]] = [
                 "masks). The ids come from the path: after changing the files in place, run with "
                 "-e dgl_job_force=true.", DATASET, PARTITION, sample="comment",
                 example="/srv/dglkit/mygraph.npz"),
+        Setting("chunked_path", "str", "",
+                "chunked: the directory of a graph in DGL's chunked graph format (metadata.json and its chunk files, "
+                "as DGL's tools/chunk_graph.py or GraphStorm's graph construction write them) on the shared "
+                "workspace; it is described where it is, never loaded whole (docs/datasets.md). The ids come from "
+                "the path: after changing the files in place, run with -e dgl_job_force=true.", DATASET, PARTITION,
+                sample="comment", example="/srv/dglkit/chunked/papers100M"),
         Setting("partition_builder", "str", "lean",
                 "How the dataset is partitioned: on the storage host with lean (METIS in a process of its own, then "
                 "one part at a time; a fraction of the memory) or dgl (dgl.distributed.partition_graph); or "

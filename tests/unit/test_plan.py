@@ -60,8 +60,8 @@ def test_values_given_as_strings_are_the_same_job() -> None:
     ({"node_data_names": "feat"}, "dgl_job_node_data_names=feat: use a value of type dict"),
     ({"task": "regression"}, "value of dgl_job_task must be one of: node_classification, link_prediction, got: regression"),
     ({"partition_builder": "metis"}, "value of dgl_job_partition_builder must be one of: lean, dgl, distributed, got: metis"),
-    ({"dataset": "products"}, "dgl_job_dataset=products: use synthetic, synthetic-hetero, files or an ogbn-* name such "
-                              "as ogbn-products or ogbn-mag"),
+    ({"dataset": "products"}, "dgl_job_dataset=products: use synthetic, synthetic-hetero, files, chunked or an ogbn-* "
+                              "name such as ogbn-products or ogbn-mag"),
     ({"task": "link_prediction", "dataset": "synthetic-hetero"},
      "dgl_job_task=link_prediction runs on homogeneous graphs; synthetic-hetero is heterogeneous (use "
      "dgl_job_task=node_classification, which trains RGCN on it)"),
@@ -76,6 +76,7 @@ def test_values_given_as_strings_are_the_same_job() -> None:
     ({"task": "link_prediction", "link_test_frac": 0}, "dgl_job_link_val_frac and dgl_job_link_test_frac must be > 0"),
     ({"dataset": "files"}, "dgl_job_dataset=files needs dgl_job_files_path (a .npz file or a directory on the "
                            "storage host)"),
+    ({"dataset": "chunked"}, "dgl_job_dataset=chunked needs dgl_job_chunked_path (the directory of its metadata.json"),
     ({"id": "../elsewhere"}, "dgl_job_id=../elsewhere: use letters, digits, ., _ and - only, starting with a letter "
                              "or digit (it names a directory)"),
     ({"id": ".."}, "dgl_job_id=..: '.' and '..' are not names (it names a directory)"),
