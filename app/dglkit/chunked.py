@@ -292,10 +292,13 @@ def check_chunks(graph: ChunkedGraph, chunks: Iterable[int]) -> None:
             raise UserError(f"chunk {chunk} does not exist: {graph.root / METADATA} has chunks 0 .. "
                             f"{graph.num_chunks - 1}")
         for etype in graph.edge_types:
-            if chunk < len(graph.edge_chunks[etype]):
-                read_edges(graph, etype, chunk)
-            for name in graph.edge_data.get(etype, {}) if chunk < len(graph.edge_chunks[etype]) else ():
+            if chunk >= len(graph.edge_chunks[etype]):
+                continue
+            read_edges(graph, etype, chunk)
+            for name in graph.edge_data.get(etype, {}):
                 read_edge_data(graph, etype, name, chunk)
         for ntype, names in graph.node_data.items():
-            for name in names if chunk < len(graph.node_chunks[ntype]) else ():
+            if chunk >= len(graph.node_chunks[ntype]):
+                continue
+            for name in names:
                 read_node_data(graph, ntype, name, chunk)

@@ -26,6 +26,9 @@ MASKS = ("train_mask", "val_mask", "test_mask")
 def run(args: argparse.Namespace) -> int:
     if args.path is None:
         raise UserError("--dataset chunked needs --path: the directory holding the graph's metadata.json")
+    if args.arrays or args.val_edges_frac or args.test_edges_frac:
+        raise UserError("--dataset chunked is described where it is, never built whole: --arrays and held-out edges "
+                        "(--val-edges-frac, --test-edges-frac) need the whole graph; write them into the chunks instead")
     root: Path = args.path.resolve()
     graph = chunked.load(root)
     fingerprint = digest({"format": FORMAT, "source": "chunked", "inputs": inputs(graph)})

@@ -66,6 +66,12 @@ def test_refuses_missing_chunk_and_labels_on_two_types(cli, tmp_path, hetero):
     assert code == 2 and "gives labels on ['paper', 'author']" in err
 
 
+def test_refuses_what_would_need_the_whole_graph(cli, tmp_path, hetero):
+    for option in (["--arrays"], ["--val-edges-frac", "0.1"]):
+        code, _, err = cli("prepare", "--dataset", "chunked", "--path", hetero, "--out", tmp_path / "ds", *option)
+        assert code == 2 and "never built whole" in err and not (tmp_path / "ds").exists()
+
+
 def test_refuses_some_masks_without_the_others(cli, tmp_path, hetero):
     edit(hetero, lambda m: m["node_data"]["paper"].pop("val_mask"))
     code, _, err = prepare(cli, hetero, tmp_path / "ds")
