@@ -70,6 +70,10 @@ MANIFEST: Schema = {"dataset_dir": TEXT}
 DATASET: Schema = {"source": TEXT, "num_nodes": integer(0), "num_edges": integer(0)}
 
 
+# The kit's files nest three levels at most; a reader recurses through what it reads.
+DEPTH = 20
+
+
 class Unreadable(Exception):
     """A job-written file that is not what the kit writes there; the message says what is wrong with it."""
 
@@ -100,9 +104,24 @@ def json_object(text: str) -> dict[str, Any]:
         value = json.loads(text)
     except ValueError as error:
         raise Unreadable(f"is not JSON: {error}") from None
+    except RecursionError:
+        raise Unreadable(f"is JSON nested deeper than {DEPTH} levels") from None
     if not isinstance(value, dict):
         raise Unreadable(f"is not a JSON object but {shown(value)}")
+    if nesting(value) > DEPTH:
+        raise Unreadable(f"is JSON nested deeper than {DEPTH} levels")
     return value
+
+
+def nesting(value: Any) -> int:
+    """How deeply lists and objects nest in value, found without recursion: the readers recurse."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, (dict, list)):
+            deepest = max(deepest, level)
+            stack += [(inner, level + 1) for inner in (item.values() if isinstance(item, dict) else item)]
+    return deepest
 
 
 def checked(value: dict[str, Any], schema: Schema, required: tuple[str, ...] = ()) -> dict[str, Any]:

@@ -2,7 +2,8 @@
 metrics.jsonl): what `dglkit watch` reports, `dglkit report` summarises and train.yml's pre-flight finds of an
 earlier run.
 
-A node whose status.json is missing or older than `stale_after` seconds (launcher dead, host down) counts as
+Every file here is the job's to write: they are read through dglkit/jobfiles.py (typed, printable). A node whose
+status.json is missing, not a launcher's, or older than `stale_after` seconds (launcher dead, host down) counts as
 failed once the wait is over (`final`), when the job has no restarts (with restarts the launchers judge that,
 and the job fails here only when every node is silent). Ages are judged on one clock: status.json's
 modification time against a file written in the same directory, both stamped by the shared filesystem, so a

@@ -140,10 +140,10 @@ def test_stop_checks_the_ports_the_unit_started_the_job_with_not_those_of_a_rewr
                                                       for key, value in rewritten.items()}))
         show = unit_show(job_dir, f"--num-servers 1 --master-port {base + 1} --part-config /srv/p/mygraph.json")
         unit = describe(parse_show(show))
-        assert unit["launched"] == {"num_servers": 1, "master_port": base + 1, "part_config": "/srv/p/mygraph.json"}
         monkeypatch.setattr("dglkit.control.show_unit", lambda: unit)
         left = stop(stop_args(busy - 10 if "num_servers" in rewritten else base, base + 1))["left"]
         assert not [entry for entry in left if entry.startswith("port(s)")], left
+        assert unit["launched"] == {"num_servers": 1, "master_port": base + 1, "part_config": "/srv/p/mygraph.json"}
         # A unit of an earlier version records nothing: job.json's values count where they are valid, else the
         # command's own.
         unit = describe(parse_show(unit_show(job_dir, "")))

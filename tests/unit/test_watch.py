@@ -219,6 +219,7 @@ def test_job_written_files_of_the_wrong_type_are_read_as_their_defaults(cli, tmp
     ({"state": "pwned", "attempt": "x"}, 'status.json is not what the kit writes there: state is "pwned", not one of '
                                           "starting, running, restarting, succeeded, failed, stopped"),
     ({"reason": "no state"}, "status.json is not what the kit writes there: no state"),
+    ('{"state": ' + "[" * 100000 + "]" * 100000 + "}", "status.json is JSON nested deeper than 20 levels"),
 ])
 def test_a_status_that_is_not_a_launchers_says_what_is_wrong_with_it(cli, tmp_path, status, reason):
     job = a_job(tmp_path, status)
