@@ -20,7 +20,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from dglkit.common import CHECKPOINT, read_json, read_text
+from dglkit import jobfiles
+from dglkit.common import CHECKPOINT, read_text
 
 # What a process says when another one died under it (gloo, DGL's RPC, sockets) or when it was stopped.
 PEER_LOST = re.compile(r"Connection (reset|closed|refused)|Broken pipe|DistConnectError|socket_communicator|"
@@ -36,8 +37,8 @@ def records(job_dir: Path, attempt: int) -> list[dict[str, Any]]:
     paths = [path for directory in (job_dir, job_dir / "attempts" / str(attempt)) for name in ("failure-*.json", "failed.json")
              for path in sorted(directory.glob(f"nodes/*/{name}"))]
     for path in paths:
-        record = read_json(path)
-        if record is None or "process" not in record or record.get("attempt", attempt) != attempt:
+        record = jobfiles.record(path, jobfiles.FAILURE, required=("process",))
+        if record is None or record.get("attempt", attempt) != attempt:
             continue
         record = {**record, "node": record.get("node") or path.parent.name, "stamp": path.stat().st_mtime}
         key = (record["node"], record["process"])
@@ -82,12 +83,17 @@ def describe(record: dict[str, Any]) -> dict[str, Any]:
             Path(record.get("log") or "its log").name}
 
 
+def failed_file(directory: Path) -> dict[str, Any] | None:
+    """The FAILED file in directory (the job's, or a restarted attempt's), its fields typed (dglkit/jobfiles.py)."""
+    return jobfiles.record(directory / "FAILED", jobfiles.FAILURE)
+
+
 def cause_of(job_dir: Path, attempt: int) -> dict[str, Any]:
     """The cause of a failed attempt: by its records, else what its FAILED file says."""
     verdict = blame(job_dir, attempt)
     if verdict:
         return {**verdict["cause"], "consequences": verdict["consequences"]}
-    failed = read_json(job_dir / "attempts" / str(attempt) / "FAILED") or read_json(job_dir / "FAILED") or {}
+    failed = failed_file(job_dir / "attempts" / str(attempt)) or failed_file(job_dir) or {}
     return {**describe(failed), "consequences": []}
 
 
@@ -113,7 +119,7 @@ def repeats(job_dir: Path, failed: dict[str, Any]) -> bool:
     """The current attempt (its FAILED record) failed as the one before did, with the same error and no progress
     in between: restarting again cannot help. Every launcher decides from the same two FAILED files."""
     attempt = failed.get("attempt", 1)
-    previous = read_json(job_dir / "attempts" / str(attempt - 1) / "FAILED") if attempt > 1 else None
+    previous = failed_file(job_dir / "attempts" / str(attempt - 1)) if attempt > 1 else None
     return bool(previous and failed.get("started", True) and signature(previous) == signature(failed)
                 and previous.get("progress") == failed.get("progress") and "progress" in failed)
 
@@ -121,7 +127,7 @@ def repeats(job_dir: Path, failed: dict[str, Any]) -> bool:
 def history(job_dir: Path) -> list[dict[str, Any]]:
     """Each failed attempt that was restarted (attempts/<n>/), oldest first, with its cause."""
     numbers = sorted(int(path.parent.name) for path in job_dir.glob("attempts/*/FAILED") if path.parent.name.isdigit())
-    return [{"attempt": n, "started": (read_json(job_dir / "attempts" / str(n) / "FAILED") or {}).get("started", True),
+    return [{"attempt": n, "started": (failed_file(job_dir / "attempts" / str(n)) or {}).get("started", True),
              **cause_of(job_dir, n)} for n in numbers]
 
 

@@ -9,12 +9,12 @@ MRR (val_mrr). Nothing is rewritten when the summary is unchanged.
 
 import argparse
 import io
-import json
 import shlex
 import statistics
 from pathlib import Path
 from typing import Any
 
+from dglkit import jobfiles
 from dglkit.blame import history
 from dglkit.common import UserError, emit_result, is_regular, read_json, read_text, replace_file, write_json
 from dglkit.jobstate import snapshot
@@ -38,7 +38,8 @@ def write_summary(job_dir: Path) -> dict[str, Any]:
     if not epochs and not (job_dir / "nodes").is_dir():
         raise UserError(f"{job_dir / 'metrics.jsonl'} has no epoch line and no node ran in {job_dir}: pass the "
                         "directory of a job that started")
-    summary = summarise(job_dir, events, read_json(job_dir / "result.json"))
+    # result.json holds the test event's figures (and the run's settings).
+    summary = summarise(job_dir, events, jobfiles.record(job_dir / "result.json", jobfiles.EVENT))
     outputs = [job_dir / name for name in ("summary.json", "summary.txt", "curves.png")]
     if read_json(outputs[0]) == summary and all(map(is_regular, outputs[:3 if epochs else 2])):
         return {"changed": False, "summary": str(outputs[1]), **headline(summary)}
@@ -60,20 +61,20 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
     events = []
     for number, line in enumerate(lines, 1):
         try:
-            events.append(json.loads(line))
-        except ValueError:
+            events.append(jobfiles.event(line))
+        except jobfiles.Unreadable as error:
             if number < len(lines):  # a killed trainer may leave half a last line; anything else is corrupt
-                raise UserError(f"{path}:{number}: not a JSON line") from None
+                raise UserError(f"{path}:{number} {error}") from None
     return events
 
 
 def summarise(job_dir: Path, events: list[dict[str, Any]], result: dict[str, Any] | None) -> dict[str, Any]:
     """What ran and how it ended, each attempt, and (once an epoch is done) the training figures."""
-    config = read_json(job_dir / "job.json") or {}
+    config = jobfiles.record(job_dir / "job.json", jobfiles.JOB) or {}
     start = next((event for event in events if event.get("event") == "start"), {})
     epochs = [event for event in events if event.get("event") == "epoch"]
     part_config = start.get("part_config") or config.get("part_config")
-    partition = read_json(Path(part_config)) if part_config else None
+    partition = jobfiles.record(Path(part_config), jobfiles.PARTITION) if part_config else None
     machines = partition.get("num_parts") if partition else None
     ending = outcome(job_dir, config)
     summary = {
@@ -153,8 +154,9 @@ def describe_dataset(part_config: str | None) -> str | None:
     """'<source> (N nodes, E edges)' through the partition's manifest and the dataset it names."""
     if not part_config:
         return None
-    manifest = read_json(Path(part_config).parent / "manifest.json")
-    dataset = read_json(Path(manifest["dataset_dir"]) / "dataset.json") if manifest else None
+    manifest = jobfiles.record(Path(part_config).parent / "manifest.json", jobfiles.MANIFEST) or {}
+    dataset = jobfiles.record(Path(manifest["dataset_dir"]) / "dataset.json", jobfiles.DATASET,
+                              required=("source", "num_nodes", "num_edges")) if "dataset_dir" in manifest else None
     if not dataset:
         return Path(part_config).stem
     return f"{dataset['source']} ({dataset['num_nodes']:,} nodes, {dataset['num_edges']:,} edges)"

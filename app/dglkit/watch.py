@@ -1,8 +1,8 @@
 """Report a job's state across all nodes from the shared job directory (dglkit.jobstate).
 
 Prints one JSON line and returns as soon as the state changes, or the progress (not before --progress-after
-seconds), or after --wait seconds. A node whose status.json is missing or older than --stale-after seconds
-counts as failed once the wait is over (dglkit.jobstate says when). With --pack, a job that succeeded is
+seconds), or after --wait seconds. A node whose status.json is missing, not a launcher's or older than
+--stale-after seconds counts as failed once the wait is over (dglkit.jobstate says when). With --pack, a job that succeeded is
 summarised and packed in the same answer.
 """
 

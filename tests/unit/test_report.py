@@ -57,7 +57,11 @@ def test_report_of_an_unfinished_job(cli, partition_1, tmp_path):
 @pytest.mark.parametrize("content, message", [
     (None, "has no epoch line and no node ran in"),
     ('{"event": "start"}\n', "has no epoch line and no node ran in"),
-    ('{"event": "start"}\nnot json\n' + json.dumps(EPOCHS[0]) + "\n", "metrics.jsonl:2: not a JSON line"),
+    ('{"event": "start"}\nnot json\n' + json.dumps(EPOCHS[0]) + "\n", "metrics.jsonl:2 is not JSON: Expecting value"),
+    # What the job may write besides: a line that is no object, an epoch record without its number.
+    ("[1, 2]\n" + json.dumps(EPOCHS[0]) + "\n", "metrics.jsonl:1 is not a JSON object but [1, 2]"),
+    (json.dumps({**EPOCHS[0], "epoch": "1"}) + "\n" + json.dumps(EPOCHS[1]) + "\n",
+     'metrics.jsonl:1 is not what the kit writes there: epoch is "1", not an integer from 0'),
 ])
 def test_report_bad_metrics(cli, tmp_path, content, message):
     if content is not None:
@@ -81,3 +85,22 @@ def test_report_of_link_prediction_uses_mrr(cli, partition_2, tmp_path):
     assert "val MRR         final 0.3000, best 0.3500 (epoch 1)" in text
     assert "test MRR        0.3300 best validation model, 0.2900 final model" in text
     assert matplotlib.image.imread(tmp_path / "curves.png").shape[0] > 100
+
+
+def test_summary_inputs_of_the_wrong_type_are_left_out(cli, tmp_path):
+    """job.json, and the partition config, manifest and dataset record it names, are the job's to write: a value
+    of the wrong type is left out of the summary, never a crash."""
+    fake = tmp_path / "fake"
+    fake.mkdir()
+    (fake / "graph.json").write_text(json.dumps({"num_parts": "2", "graph_name": 1}))
+    (fake / "manifest.json").write_text(json.dumps({"dataset_dir": str(fake)}))
+    (fake / "dataset.json").write_text(json.dumps({"source": "s", "num_nodes": "many", "num_edges": 1}))
+    job = tmp_path / "job"
+    write_job(job, fake / "graph.json")
+    (job / "job.json").write_text(json.dumps({"nodes": "node0", "command": 5, "train_args": [1]}))
+    code, _, err = cli("report", "--job-dir", job)
+    assert code == 0, err
+    summary = json.loads((job / "summary.json").read_text())
+    assert (summary["machines"], summary["graph_name"], summary["dataset"]) == (None, None, "graph"), summary
+    assert (summary["nodes"], summary["command"], summary["trainers_per_machine"]) == ([], None, None), summary
+    assert summary["title"] == "graph: ? machines x ? trainers"
