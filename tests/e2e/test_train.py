@@ -113,6 +113,9 @@ def test_train_across_hosts(site: Cluster, runs: Path) -> None:
     assert {"job.json", "metrics.jsonl", "result.json", "summary.json", "summary.txt", "curves.png"} <= \
         {p.name for p in folder.iterdir()}
     assert not (folder / "embeddings.npy").exists() and not (folder / "FAILED").exists()
+    # The curves in TensorBoard from a clone (ansible.cfg's action_plugins): one event file (test_collection.py and
+    # unit/test_tboard.py check what it holds).
+    assert len(list(folder.glob("events.out.tfevents.*"))) == 1
     for node, rank in (("node2", 0), ("node3", 1)):
         status = json.loads((folder / "nodes" / node / "status.json").read_text())
         assert status["state"] == "succeeded", status
