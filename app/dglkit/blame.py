@@ -147,7 +147,12 @@ def advice(cause: dict[str, Any]) -> str:
 
 
 def history(job_dir: Path) -> list[dict[str, Any]]:
-    """Each failed attempt that was restarted (attempts/<n>/), oldest first, with its cause."""
+    """Each failed attempt that was restarted (attempts/<n>/), oldest first, with its cause and the time of its
+    FAILED record ("failed_time": the launcher's clock)."""
     numbers = sorted(int(path.parent.name) for path in job_dir.glob("attempts/*/FAILED") if path.parent.name.isdigit())
-    return [{"attempt": n, "started": (read_json(job_dir / "attempts" / str(n) / "FAILED") or {}).get("started", True),
-             **cause_of(job_dir, n)} for n in numbers]
+    found = []
+    for n in numbers:
+        failed = read_json(job_dir / "attempts" / str(n) / "FAILED") or {}
+        found.append({"attempt": n, "started": failed.get("started", True), "failed_time": failed.get("time"),
+                      **cause_of(job_dir, n)})
+    return found
