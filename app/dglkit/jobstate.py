@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 
 from dglkit import jobfiles
-from dglkit.blame import cause_of, failed_file, history, repeats, same_error
+from dglkit.blame import advice, cause_of, failed_file, history, repeats, same_error
 from dglkit.common import CHECKPOINT, UserError, file_kind, read_text, shared_fs_now
 
 # watch's own states of a node whose launcher says nothing: no status.json, one that is not what a launcher writes
@@ -103,15 +103,19 @@ def verdict(job_dir: Path, failed: dict, max_restarts: int) -> dict:
     attempt, started = failed.get("attempt", 1), failed.get("started", True)
     cause = cause_of(job_dir, attempt)
     ran = attempt if started else attempt - 1
-    causes = [past for past in history(job_dir) if past["started"]] + ([cause] if started else [])
-    same = same_error(causes)
+    same = same_error(job_dir, failed)
     checkpoint = (job_dir / CHECKPOINT).exists()
     message = f"failed on {cause['node']}: {cause['process']}: {cause['reason']}"
     if cause["where"]:
         message += f" (at {cause['where']})"
-    if cause["consequences"]:
-        message += "; stopped because of it: " + ", ".join(
-            f"{c['node']} {c['process']} ({shorten(c['reason'], 120)})" for c in cause["consequences"])
+    # A process that lost its peer stopped because of the cause; one with an error of its own failed on its own.
+    for victims, heading in ((True, "stopped because of it"), (False, "also failed on its own")):
+        others = [c for c in cause["consequences"] if c["victim"] is victims]
+        if others:
+            message += f"; {heading}: " + ", ".join(
+                f"{c['node']} {c['process']} ({shorten(c['reason'], 120)})" for c in others)
+    if advice(cause):
+        message += "; " + advice(cause)
     if same:
         message += f"; failed {ran} times with the same error"
         if attempt <= max_restarts:

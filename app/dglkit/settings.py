@@ -149,7 +149,8 @@ SECTIONS: list[tuple[Section, list[Setting]]] = [
         Setting("server_threads", "int", 1, "OMP threads of each server.", LAUNCHER, JOB),
         Setting("trainer_threads", "int", 0, "OMP threads of each trainer; 0 picks max(cpus // 2 // trainers, 1).",
                 LAUNCHER, JOB),
-        Setting("graphbolt", "bool", False, "Sample with GraphBolt (the partition gets a GraphBolt graph too).",
+        Setting("graphbolt", "bool", False, "Sample with GraphBolt (the partition gets a GraphBolt graph too); not "
+                "with link_prediction (DGL 2.1's GraphBolt samples nodes only).",
                 TRAINER, JOB),
         Setting("memory_max", "str", "",
                 "MemoryMax= of the job unit on each worker (e.g. 48G, or 80% of the node's memory); empty for none. "

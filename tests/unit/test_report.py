@@ -104,3 +104,55 @@ def test_summary_inputs_of_the_wrong_type_are_left_out(cli, tmp_path):
     assert (summary["machines"], summary["graph_name"], summary["dataset"]) == (None, None, "graph"), summary
     assert (summary["nodes"], summary["command"], summary["trainers_per_machine"]) == ([], None, None), summary
     assert summary["title"] == "graph: ? machines x ? trainers"
+
+
+def write_lines(path: Path, events: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(event) + "\n" for event in events))
+
+
+@pytest.mark.parametrize("named", [True, False], ids=["kit trainer", "program without attempt numbers"])
+def test_each_restart_is_paired_with_the_resume_of_the_attempt_after_it(cli, tmp_path, named):
+    """Attempt 1 failed before any epoch, so attempt 2 started over; it checkpointed epochs 0-1 and failed; attempt 3
+    resumed at epoch 2 and failed before its next checkpoint, so attempt 4 resumed from the same checkpoint, whose
+    curves do not hold attempt 3's resume (attempts/3/metrics.jsonl does)."""
+    def epoch(n: int, time: float) -> dict:
+        return {**EPOCHS[n], "time": time}
+
+    def resume(attempt: int, time: float) -> dict:
+        return {"event": "resume", "epoch": 2, "time": time, **({"attempt": attempt} if named else {})}
+
+    (tmp_path / "job.json").write_text(json.dumps({"max_restarts": 3, "nodes": ["n1"]}))
+    for attempt, (reason, failed_at) in enumerate([("exited with signal SIGKILL", 1010), ("RuntimeError: boom", 1050),
+                                                   ("RuntimeError: again", 1080)], 1):
+        write_lines(tmp_path / f"attempts/{attempt}/FAILED", [{"node": "n1", "process": "trainer-0", "reason": reason,
+                                                                "attempt": attempt, "started": True, "time": failed_at}])
+    write_lines(tmp_path / "attempts/1/metrics.jsonl", [{"event": "start"}])
+    write_lines(tmp_path / "attempts/2/metrics.jsonl", [{"event": "start"}, epoch(0, 1030), epoch(1, 1040)])
+    write_lines(tmp_path / "attempts/3/metrics.jsonl",
+                [{"event": "start"}, epoch(0, 1030), epoch(1, 1040), resume(3, 1060), epoch(2, 1070)])
+    write_lines(tmp_path / "metrics.jsonl", [{"event": "start"}, epoch(0, 1030), epoch(1, 1040), resume(4, 1090),
+                                             epoch(2, 1100), {"event": "test", "test_acc": 0.7}])
+    write_lines(tmp_path / "nodes/n1/status.json", [{"state": "succeeded", "attempt": 4}])
+    code, _, err = cli("report", "--job-dir", tmp_path)
+    assert code == 0, err
+    restarts = [line for line in (tmp_path / "summary.txt").read_text().splitlines() if line.startswith("restart ")]
+    assert restarts == [
+        "restart         attempt 1 failed on n1 (trainer-0: exited with signal SIGKILL); started over (no checkpoint)",
+        "restart         attempt 2 failed on n1 (trainer-0: RuntimeError: boom); resumed at epoch 2, 20 s lost",
+        "restart         attempt 3 failed on n1 (trainer-0: RuntimeError: again); resumed at epoch 2, 50 s lost"]
+
+
+@pytest.mark.parametrize("metrics, progress", [
+    (None, "the program finished and wrote no metrics.jsonl"),
+    ('{"event": "start"}\n', "the program finished; its metrics.jsonl has no epoch record"),
+])
+def test_a_program_that_finished_without_epoch_records_is_not_said_to_have_finished_no_epoch(
+        cli, tmp_path, metrics, progress):
+    (tmp_path / "job.json").write_text(json.dumps({"nodes": ["n1"], "command": "python3 p.py"}))
+    write_lines(tmp_path / "nodes/n1/status.json", [{"state": "succeeded", "attempt": 1}])
+    if metrics:
+        (tmp_path / "metrics.jsonl").write_text(metrics)
+    code, _, err = cli("report", "--job-dir", tmp_path)
+    text = (tmp_path / "summary.txt").read_text()
+    assert code == 0 and f"progress        {progress}\n" in text and "no epoch finished" not in text, text

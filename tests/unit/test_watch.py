@@ -273,3 +273,22 @@ def test_nothing_a_job_wrote_reaches_the_answer_with_a_control_character(cli, tm
     summary = (job / "summary.txt").read_text()
     assert "failed on node0: trainer-0: it failed" in summary and control_characters(summary) == [], summary
     assert control_characters(json.loads((job / "summary.json").read_text())) == []
+
+
+def test_the_last_line_of_a_failed_job_shows_each_node_stopped(cli, tmp_path):
+    """node0 failed the job; node1's launcher says so within a poll of seeing FAILED. The watch's last line shows
+    node1's final state, not the "running" it had when the failure was first seen."""
+    for node, state in (("node0", "failed"), ("node1", "running")):
+        (tmp_path / "nodes" / node).mkdir(parents=True)
+        (tmp_path / "nodes" / node / "status.json").write_text(json.dumps({"state": state, "attempt": 1}))
+    (tmp_path / "FAILED").write_text(json.dumps({"node": "node0", "process": "trainer-0", "reason": "RuntimeError: x",
+                                                 "attempt": 1, "started": True}))
+
+    def node1_stops() -> None:
+        time.sleep(1)
+        (tmp_path / "nodes/node1/status.json").write_text(json.dumps({"state": "failed", "attempt": 1}))
+
+    threading.Thread(target=node1_stops).start()
+    code, result, _ = cli("watch", "--job-dir", tmp_path, "--wait", 10)
+    assert code == 0 and result["state"] == "failed" and result["nodes"] == {"node0": "failed", "node1": "failed"}
+    assert result["line"].endswith("[node0 failed, node1 failed]"), result["line"]
