@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 
 from dglkit import jobfiles
-from dglkit.blame import advice, cause_of, failed_file, history, repeats, same_error
+from dglkit.blame import advice, cause_of, failed_file, repeats, same_error
 from dglkit.common import CHECKPOINT, UserError, file_kind, read_text, shared_fs_now
 
 # watch's own states of a node whose launcher says nothing: no status.json, one that is not what a launcher writes
