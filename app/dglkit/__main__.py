@@ -9,6 +9,7 @@ from dglkit.common import UserError
 # command -> (module, one-line help). Each module has add_arguments(parser) and run(args) -> int.
 COMMANDS = {
     "prepare": ("dglkit.data", "build a DGL graph with features, labels and split masks"),
+    "chunked": ("dglkit.chunkcmd", "write a synthetic graph in DGL's chunked format chunk by chunk, or check one"),
     "partition": ("dglkit.partition", "partition a prepared graph with METIS for N machines"),
     "train": ("dglkit.train", "distributed trainer of the built-in tasks (DGL runs it as server and as trainer)"),
     "jobdir": ("dglkit.jobdir", "make a job's directory for a run: earlier run to history/, job.json, settings.json"),

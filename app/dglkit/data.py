@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from dglkit import hetero, kinds
+from dglkit import chunkprep, hetero, kinds
 from dglkit.common import UserError, digest, emit_result, peak_rss_mb, read_csv, read_json, write_json
 from dglkit.resources import MEMORY_HELP, check_fits, memory_estimate
 
@@ -36,10 +36,37 @@ FEATURE_SIGNAL = 1.5
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dataset", required=True,
-                        help="'synthetic', 'synthetic-hetero', 'files', or an OGB node-property dataset such as "
+                        help="'synthetic', 'synthetic-hetero', 'files', 'chunked' (a graph in DGL's chunked format "
+                             "at --path: only dataset.json is written), or an OGB node-property dataset such as "
                              "ogbn-products or ogbn-mag")
     parser.add_argument("--out", required=True, type=Path, help="output directory (graph.dgl, dataset.json)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the generator and of fraction splits (%(default)s)")
+    add_synthetic_arguments(parser)
+    ogb = parser.add_argument_group("ogbn-*")
+    ogb.add_argument("--data-root", type=Path,
+                     help="directory holding ogbn_<name>/ (or the official zip's <name>/ directory)")
+    ogb.add_argument("--allow-download", action="store_true",
+                     help="download the dataset from OGB when it is not under --data-root")
+    files = parser.add_argument_group("files")
+    files.add_argument("--path", type=Path,
+                       help="an .npz, or a directory of .npy files (edges and labels may be .csv): edges "
+                            "(E x 2 or 2 x E), feat (N x F), labels (N), optional train_mask/val_mask/test_mask; "
+                            "chunked: the directory holding metadata.json")
+    parser.add_argument("--add-reverse-edges", action="store_true",
+                        help="files and ogbn-*: make the graph symmetric (the synthetic graph always is)")
+    parser.add_argument("--memory-gb", type=float, help=MEMORY_HELP)
+    parser.add_argument("--arrays", action="store_true",
+                        help="also write the structure and node data as .npy files in DIR/arrays/, which "
+                             "`partition --builder distributed` reads in part on each host (homogeneous graphs)")
+    links = parser.add_argument_group("link prediction: edges held out of the graph (homogeneous graphs)")
+    links.add_argument("--val-edges-frac", type=float, default=0.0,
+                       help="fraction of node pairs removed from the graph and kept for validation (%(default)s)")
+    links.add_argument("--test-edges-frac", type=float, default=0.0,
+                       help="fraction of node pairs removed from the graph and kept for testing (%(default)s)")
+
+
+def add_synthetic_arguments(parser: argparse.ArgumentParser) -> None:
+    """The synthetic graphs' parameters and the split fractions (`dglkit chunked generate` takes them too)."""
     split = parser.add_argument_group("split fractions (synthetic, and files without masks)")
     split.add_argument("--train-frac", type=float, default=0.1, help="fraction of nodes to train on (%(default)s)")
     split.add_argument("--val-frac", type=float, default=0.05, help="fraction validated every epoch (%(default)s)")
@@ -55,29 +82,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     syn.add_argument("--homophily", type=float, default=0.8, help="fraction of edges inside a community (%(default)s)")
     syn.add_argument("--label-noise", type=float, default=0.1,
                      help="fraction of nodes whose label is redrawn at random (caps the reachable accuracy; %(default)s)")
-    ogb = parser.add_argument_group("ogbn-*")
-    ogb.add_argument("--data-root", type=Path,
-                     help="directory holding ogbn_<name>/ (or the official zip's <name>/ directory)")
-    ogb.add_argument("--allow-download", action="store_true",
-                     help="download the dataset from OGB when it is not under --data-root")
-    files = parser.add_argument_group("files")
-    files.add_argument("--path", type=Path,
-                       help="an .npz, or a directory of .npy files (edges and labels may be .csv): edges "
-                            "(E x 2 or 2 x E), feat (N x F), labels (N), optional train_mask/val_mask/test_mask")
-    parser.add_argument("--add-reverse-edges", action="store_true",
-                        help="files and ogbn-*: make the graph symmetric (the synthetic graph always is)")
-    parser.add_argument("--memory-gb", type=float, help=MEMORY_HELP)
-    parser.add_argument("--arrays", action="store_true",
-                        help="also write the structure and node data as .npy files in DIR/arrays/, which "
-                             "`partition --builder distributed` reads in part on each host (homogeneous graphs)")
-    links = parser.add_argument_group("link prediction: edges held out of the graph (homogeneous graphs)")
-    links.add_argument("--val-edges-frac", type=float, default=0.0,
-                       help="fraction of node pairs removed from the graph and kept for validation (%(default)s)")
-    links.add_argument("--test-edges-frac", type=float, default=0.0,
-                       help="fraction of node pairs removed from the graph and kept for testing (%(default)s)")
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.dataset == kinds.CHUNKED.name:
+        return chunkprep.run(args)
     source, params, inputs = check_arguments(args)
     if args.val_edges_frac or args.test_edges_frac:  # only then: fingerprints of other datasets stay as they were
         params["edges"] = {"val": args.val_edges_frac, "test": args.test_edges_frac, "seed": args.seed}

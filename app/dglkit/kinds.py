@@ -1,7 +1,8 @@
 """The dataset kinds: which names exist and whether their graph is heterogeneous.
 
 Standard library only: `dglkit plan` asks it on the controller before anything starts, `dglkit prepare` on the
-storage host. A files dataset is heterogeneous when its directory has num_nodes.json (dglkit.hetero); only
+storage host. A files dataset is heterogeneous when its directory has num_nodes.json (dglkit.hetero), a chunked
+one when its metadata.json lists several node or edge types; only
 its partition's metadata tells, so `dglkit launch --check` decides there, before anything starts.
 """
 
@@ -18,6 +19,8 @@ class Kind:
 SYNTHETIC = Kind("synthetic", False)
 SYNTHETIC_HETERO = Kind("synthetic-hetero", True)
 FILES = Kind("files", None)
+# A graph in DGL's chunked format (dglkit.chunked) that stays where it is: its metadata.json tells.
+CHUNKED = Kind("chunked", None)
 OGB = Kind("ogb", False)
 # The OGB node-property datasets whose graph has several node types (ogb's master.csv, "is hetero").
 OGB_HETERO = Kind("ogb", True)
@@ -37,7 +40,7 @@ def kind(dataset: str) -> Kind | None:
     """The kind of a dataset name, None for a name the kit does not know."""
     if re.fullmatch(r"ogbn-[a-z0-9]+", dataset):
         return OGB_HETERO if dataset in HETERO_OGB_NAMES else OGB
-    return {k.name: k for k in (SYNTHETIC, SYNTHETIC_HETERO, FILES)}.get(dataset)
+    return {k.name: k for k in (SYNTHETIC, SYNTHETIC_HETERO, FILES, CHUNKED)}.get(dataset)
 
 
 def heterogeneous(dataset: str) -> bool | None:

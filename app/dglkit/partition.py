@@ -54,6 +54,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     dataset = read_json(args.dataset_dir / "dataset.json")
     graph_file = args.dataset_dir / "graph.dgl"
+    if dataset and dataset.get("format") == "chunked":
+        raise UserError(f"{args.dataset_dir} describes a graph in DGL's chunked format ({dataset.get('path')}), which "
+                        "the single-host builders do not read: it needs a partitioner that reads it chunk by chunk")
     if dataset is None or "fingerprint" not in dataset or not graph_file.is_file():
         raise UserError(f"{args.dataset_dir} is not a prepared dataset (dataset.json and graph.dgl); "
                         f"run `dglkit prepare --out {args.dataset_dir}` first")

@@ -90,13 +90,17 @@ def check(s: dict[str, Any], given: dict[str, Any]) -> list[str]:
     names = s["node_data_names"]
     rules = [
         (kinds.kind(dataset) is None,
-         f"dgl_job_dataset={dataset}: use synthetic, synthetic-hetero, files or an ogbn-* name such as ogbn-products or "
-         "ogbn-mag"),
+         f"dgl_job_dataset={dataset}: use synthetic, synthetic-hetero, files, chunked or an ogbn-* name such as "
+         "ogbn-products or ogbn-mag"),
         (task == "link_prediction" and hetero is True,
          f"dgl_job_task=link_prediction runs on homogeneous graphs; {dataset} is heterogeneous (use "
          "dgl_job_task=node_classification, which trains RGCN on it)"),
         (s["graphbolt"] and hetero is True,
          "dgl_job_graphbolt=true: the RGCN trainer of heterogeneous graphs samples with DGL's own sampler"),
+        # DGL 2.1's distributed GraphBolt samples nodes alone: the edge loader calls find_edges, which it refuses.
+        (task == "link_prediction" and s["graphbolt"] and not s["program"],
+         "dgl_job_task=link_prediction with dgl_job_graphbolt=true: DGL 2.1's GraphBolt samples nodes only, not the "
+         "edges link prediction trains on (find_edges is not supported in GraphBolt); set dgl_job_graphbolt=false"),
         (s["weight_decay"] < 0 or s["sparse_lr"] <= 0, "dgl_job_weight_decay must be >= 0 and dgl_job_sparse_lr > 0"),
         (s["num_negs"] < 1 or s["eval_negs"] < 1, "dgl_job_num_negs and dgl_job_eval_negs must be >= 1"),
         (task == "link_prediction" and not (s["link_val_frac"] > 0 and s["link_test_frac"] > 0
@@ -104,6 +108,8 @@ def check(s: dict[str, Any], given: dict[str, Any]) -> list[str]:
          "dgl_job_link_val_frac and dgl_job_link_test_frac must be > 0 with a sum < 1"),
         (dataset == "files" and not s["files_path"],
          "dgl_job_dataset=files needs dgl_job_files_path (a .npz file or a directory on the storage host)"),
+        (dataset == "chunked" and not s["chunked_path"],
+         "dgl_job_dataset=chunked needs dgl_job_chunked_path (the directory of its metadata.json on the shared workspace)"),
         (bool(job_id) and not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", job_id),
          f"dgl_job_id={job_id}: " + ("'.' and '..' are not names" if job_id in (".", "..") else
                                      "use letters, digits, ., _ and - only, starting with a letter or digit")

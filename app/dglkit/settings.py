@@ -77,11 +77,13 @@ SECTIONS: list[tuple[Section, list[Setting]]] = [
     (Section("Dataset", "Dataset: synthetic (a community graph of any size, features and labels follow the communities),\n"
              "         synthetic-hetero (papers, authors, institutions, fields of study; labels on papers),\n"
              "         ogbn-products, ogbn-mag or another ogbn-* node-property dataset, or files (your own graph;\n"
-             "         a directory with num_nodes.json is heterogeneous, see docs/datasets.md).\n"
+             "         a directory with num_nodes.json is heterogeneous, see docs/datasets.md), or chunked (a graph in\n"
+             "         DGL's chunked graph format that no host has to hold whole).\n"
              "The dataset settings reach the dgl_dataset role through playbooks/vars/dgl_dataset.yml."), [
         Setting("dataset", "str", "synthetic",
-                "synthetic, synthetic-hetero (papers, authors, institutions, fields; labels on papers), files, or an "
-                "OGB node-property dataset (ogbn-products, ogbn-arxiv, ogbn-mag, ...).", DATASET, PARTITION),
+                "synthetic, synthetic-hetero (papers, authors, institutions, fields; labels on papers), files, chunked "
+                "(DGL's chunked graph format at dgl_job_chunked_path), or an OGB node-property dataset "
+                "(ogbn-products, ogbn-arxiv, ogbn-mag, ...).", DATASET, PARTITION),
         Setting("synthetic_nodes", "int", 100000, "Nodes of the synthetic graph.", DATASET, PARTITION),
         Setting("synthetic_degree", "int", 10, "Mean degree of the synthetic graph.", DATASET, PARTITION),
         Setting("synthetic_classes", "int", 10, "Classes of the synthetic graph.", DATASET, PARTITION),
@@ -99,6 +101,12 @@ SECTIONS: list[tuple[Section, list[Setting]]] = [
                 "masks). The ids come from the path: after changing the files in place, run with "
                 "-e dgl_job_force=true.", DATASET, PARTITION, sample="comment",
                 example="/srv/dglkit/mygraph.npz"),
+        Setting("chunked_path", "str", "",
+                "chunked: the directory of a graph in DGL's chunked graph format (metadata.json and its chunk files, "
+                "as DGL's tools/chunk_graph.py or GraphStorm's graph construction write them) on the shared "
+                "workspace; it is described where it is, never loaded whole (docs/datasets.md). The ids come from "
+                "the path: after changing the files in place, run with -e dgl_job_force=true.", DATASET, PARTITION,
+                sample="comment", example="/srv/dglkit/chunked/papers100M"),
         Setting("partition_builder", "str", "lean",
                 "How the dataset is partitioned: on the storage host with lean (METIS in a process of its own, then "
                 "one part at a time; a fraction of the memory) or dgl (dgl.distributed.partition_graph); or "
@@ -141,7 +149,8 @@ SECTIONS: list[tuple[Section, list[Setting]]] = [
         Setting("server_threads", "int", 1, "OMP threads of each server.", LAUNCHER, JOB),
         Setting("trainer_threads", "int", 0, "OMP threads of each trainer; 0 picks max(cpus // 2 // trainers, 1).",
                 LAUNCHER, JOB),
-        Setting("graphbolt", "bool", False, "Sample with GraphBolt (the partition gets a GraphBolt graph too).",
+        Setting("graphbolt", "bool", False, "Sample with GraphBolt (the partition gets a GraphBolt graph too); not "
+                "with link_prediction (DGL 2.1's GraphBolt samples nodes only).",
                 TRAINER, JOB),
         Setting("memory_max", "str", "",
                 "MemoryMax= of the job unit on each worker (e.g. 48G, or 80% of the node's memory); empty for none. "
@@ -192,9 +201,11 @@ SECTIONS: list[tuple[Section, list[Setting]]] = [
              "curves."), [
         Setting("id", "str", "", "Job id; empty derives it from the settings and the partition.", PLAYBOOK),
         Setting("force", "bool", False, "Run again even when the job's finished result exists.", PLAYBOOK),
-        Setting("run_dir", "path", "{{ playbook_dir }}/../runs",
-                "Controller directory that receives <job id>/ with logs, metrics and summary.", PLAYBOOK,
-                shown="<playbook dir>/../runs", sample="comment", example="/path/to/runs"),
+        # The directory ansible-playbook runs in: a clone's root, or the project of the installed collection's user
+        # (the collection's own playbook directory is no place for results).
+        Setting("run_dir", "path", "{{ 'runs' | ansible.builtin.realpath }}",
+                "Controller directory that receives <job id>/ with logs, metrics, summary and TensorBoard curves.",
+                PLAYBOOK, shown="<current directory>/runs", sample="comment", example="/path/to/runs"),
         Setting("save_embeddings", "bool", False,
                 "Write and fetch node embeddings (embeddings.npy, all nodes in original order; large).", TRAINER, JOB),
         Setting("save_predictions", "bool", False,

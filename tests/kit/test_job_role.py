@@ -79,6 +79,12 @@ def test_dataset_settings_change_dataset_partition_and_job(records: dict) -> Non
     assert bigger["job"] != defaults["job"]
 
 
+def test_a_chunked_graph_is_identified_by_its_path(records: dict) -> None:
+    first, other = ids(records, "chunked"), ids(records, "chunked-other")
+    assert first["dataset"].startswith("chunked-") and first["job"].startswith("chunked-2w-")
+    assert other["dataset"] != first["dataset"] and other["partition"] != first["partition"]
+
+
 def test_the_partition_builder_gives_its_own_partition_and_job(records: dict) -> None:
     defaults, builder = ids(records, "defaults"), ids(records, "builder")
     assert builder["dataset"] == defaults["dataset"]
@@ -169,7 +175,7 @@ def test_job_json_of_a_resized_cluster_uses_the_new_partition(records: dict) -> 
     ("epochs-word", "argument 'dgl_job_epochs' is of type"),
     ("graphbolt-word", "'maybe' is not a valid boolean"),
     ("fan-out-word", "option 'dgl_job_fan_out'"),
-    ("dataset", "dgl_job_dataset=products: use synthetic, synthetic-hetero, files or an ogbn-* name"),
+    ("dataset", "dgl_job_dataset=products: use synthetic, synthetic-hetero, files, chunked or an ogbn-* name"),
     ("builder", "dgl_job_partition_builder must be one of: lean, dgl, distributed, got: metis"),
     ("task", "value of dgl_job_task must be one of: node_classification, link_prediction, got: regression"),
     ("hetero-links", "dgl_job_task=link_prediction runs on homogeneous graphs; synthetic-hetero is heterogeneous"),
@@ -178,6 +184,7 @@ def test_job_json_of_a_resized_cluster_uses_the_new_partition(records: dict) -> 
     ("dropout", "dgl_job_dropout=1.5: use a value in [0, 1)"),
     ("trainers", "dgl_job_trainers must be >= 1"),
     ("files-path", "dgl_job_dataset=files needs dgl_job_files_path"),
+    ("chunked-path", "dgl_job_dataset=chunked needs dgl_job_chunked_path"),
     ("job-id", "dgl_job_id=../elsewhere: use letters, digits, ., _ and - only, starting with a letter or digit"),
     ("job-id-dots", "dgl_job_id=..: '.' and '..' are not names (it names a directory)"),
     ("program-name-dot", "dgl_program_name=.: '.' and '..' are not names (it names a directory)"),

@@ -60,14 +60,17 @@ def test_values_given_as_strings_are_the_same_job() -> None:
     ({"node_data_names": "feat"}, "dgl_job_node_data_names=feat: use a value of type dict"),
     ({"task": "regression"}, "value of dgl_job_task must be one of: node_classification, link_prediction, got: regression"),
     ({"partition_builder": "metis"}, "value of dgl_job_partition_builder must be one of: lean, dgl, distributed, got: metis"),
-    ({"dataset": "products"}, "dgl_job_dataset=products: use synthetic, synthetic-hetero, files or an ogbn-* name such "
-                              "as ogbn-products or ogbn-mag"),
+    ({"dataset": "products"}, "dgl_job_dataset=products: use synthetic, synthetic-hetero, files, chunked or an ogbn-* "
+                              "name such as ogbn-products or ogbn-mag"),
     ({"task": "link_prediction", "dataset": "synthetic-hetero"},
      "dgl_job_task=link_prediction runs on homogeneous graphs; synthetic-hetero is heterogeneous (use "
      "dgl_job_task=node_classification, which trains RGCN on it)"),
     ({"task": "link_prediction", "dataset": "ogbn-mag"}, "ogbn-mag is heterogeneous"),
     ({"graphbolt": True, "dataset": "ogbn-mag"},
      "dgl_job_graphbolt=true: the RGCN trainer of heterogeneous graphs samples with DGL's own sampler"),
+    ({"task": "link_prediction", "graphbolt": "true"},
+     "dgl_job_task=link_prediction with dgl_job_graphbolt=true: DGL 2.1's GraphBolt samples nodes only, not the "
+     "edges link prediction trains on (find_edges is not supported in GraphBolt); set dgl_job_graphbolt=false"),
     ({"weight_decay": -0.1}, "dgl_job_weight_decay must be >= 0 and dgl_job_sparse_lr > 0"),
     ({"sparse_lr": 0}, "dgl_job_weight_decay must be >= 0 and dgl_job_sparse_lr > 0"),
     ({"eval_negs": 0}, "dgl_job_num_negs and dgl_job_eval_negs must be >= 1"),
@@ -76,6 +79,7 @@ def test_values_given_as_strings_are_the_same_job() -> None:
     ({"task": "link_prediction", "link_test_frac": 0}, "dgl_job_link_val_frac and dgl_job_link_test_frac must be > 0"),
     ({"dataset": "files"}, "dgl_job_dataset=files needs dgl_job_files_path (a .npz file or a directory on the "
                            "storage host)"),
+    ({"dataset": "chunked"}, "dgl_job_dataset=chunked needs dgl_job_chunked_path (the directory of its metadata.json"),
     ({"id": "../elsewhere"}, "dgl_job_id=../elsewhere: use letters, digits, ., _ and - only, starting with a letter "
                              "or digit (it names a directory)"),
     ({"id": ".."}, "dgl_job_id=..: '.' and '..' are not names (it names a directory)"),
@@ -114,7 +118,7 @@ def test_every_error_is_reported_at_once_and_nothing_else() -> None:
 
 
 def test_good_settings_pass() -> None:
-    for settings in ({}, {"dataset": "ogbn-products", "task": "link_prediction", "graphbolt": True},
+    for settings in ({}, {"dataset": "ogbn-products", "task": "link_prediction"}, {"dataset": "ogbn-products", "graphbolt": True},
                      {"dataset": "files", "files_path": "/g.npz", "task": "link_prediction"},
                      {"memory_max": "80%", "cpu_quota": "400%", "fan_out": [-1, 5]},
                      {"node_data_names": {"paper": {"feat": "features"}}, "program": PROGRAM}):
