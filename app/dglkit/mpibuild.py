@@ -47,7 +47,7 @@ def check_assignment(args: argparse.Namespace, data: ArraysInput, num_parts: int
     manifest = read_json(args.assignment / "manifest.json")
     if not manifest or not manifest.get("complete"):
         raise UserError(f"{args.assignment} holds no complete assignment: run dglkit.mpiassign first")
-    if manifest["num_nodes"] != data.num_nodes or manifest["dataset_fingerprint"] != data.dataset.get("fingerprint"):
+    if manifest["num_nodes"] != data.num_nodes or manifest["dataset_fingerprint"] != data.fingerprint:
         raise UserError(f"{args.assignment} is the assignment of another dataset than {args.dataset_dir}")
     if manifest["num_parts"] != num_parts:
         raise UserError(f"{args.assignment} has {manifest['num_parts']} parts: run with mpirun -np {manifest['num_parts']}")
@@ -152,8 +152,8 @@ def ends(comm: Any, data: ArraysInput, starts: np.ndarray, table: np.ndarray, ba
     """(first edge ID, source (part, new ID) rows, destination rows, source IDs) of this rank's edges, a
     batch a round; empty batches once its share is done, until every rank's is."""
     rank, size = comm.Get_rank(), comm.Get_size()
-    begin, end = data.edge_range(rank, size)
-    for first, src, dst in padded(data.edge_batches(rank, size, batch), rounds(comm, end - begin, batch)):
+    count = rounds(comm, data.share_edges(rank, size), batch)
+    for first, src, dst in padded(data.edge_batches(rank, size, batch), count):
         rows = lookup(comm, np.concatenate([src, dst]), starts, table)
         yield first, rows[:len(src)], rows[len(src):], src
 
@@ -218,7 +218,7 @@ def finish(args: argparse.Namespace, tmp: Path, data: ArraysInput, assignment: d
            edge_starts: np.ndarray, parts: list[dict[str, Any]], cut: int, seconds: float) -> None:
     """Rank 0, once every part is written: the config, the manifest (last), then the directory's own name."""
     leanpart.write_config(tmp, args.graph_name, "ptscotch", node_starts, edge_starts)
-    manifest = {"complete": True, "dataset_fingerprint": data.dataset.get("fingerprint"),
+    manifest = {"complete": True, "dataset_fingerprint": data.fingerprint,
                 "part_config": f"{args.graph_name}.json", "num_parts": len(parts), "num_nodes": data.num_nodes,
                 "num_edges": data.num_edges, "parts": parts,
                 "edge_cut": {"count": cut, "fraction": round(cut / max(data.num_edges, 1), 6)},
