@@ -338,7 +338,7 @@ def ready(args: argparse.Namespace) -> dict[str, Any]:
                       busy_ports=still_listening(args.ports, args.ports_wait),
                       firewall=read_json(FIREWALL_RECORD) if args.worker else None)
         if args.launch_config is not None:
-            from dglkit.launch import check_ahead  # psutil and the launcher's modules: workers only
+            from dglkit.launcher.preflight import check_ahead  # psutil and the launcher's modules: workers only
 
             answer["launch"] = check_ahead(args.launch_config, args.node_name)
         if args.job_dir and holder is None:

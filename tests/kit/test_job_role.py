@@ -105,14 +105,15 @@ def test_a_job_id_set_by_the_user_is_kept(records: dict) -> None:
 
 
 def test_job_json_is_what_the_launcher_and_trainer_accept(records: dict, tmp_path: Path) -> None:
-    from dglkit import launch, train
+    from dglkit import train
+    from dglkit.launcher import options
 
     defaults = ids(records, "defaults")
     config = tmp_path / "job.json"
     config.write_text(json.dumps(defaults["job_json"]))
     parser = argparse.ArgumentParser()
-    launch.add_arguments(parser)
-    cfg = launch.settings(parser.parse_args(["--config", str(config), "--node-name", "node2"]))
+    options.add_arguments(parser)
+    cfg = options.settings(parser.parse_args(["--config", str(config), "--node-name", "node2"]))
     assert cfg.job_dir == defaults["dir"]
     assert cfg.ip_config == "/srv/dglkit/ip_config.txt"
     assert cfg.part_config == f"/srv/dglkit/partitions/{defaults['partition']}/synthetic.json"
@@ -131,22 +132,22 @@ def test_job_json_is_what_the_launcher_and_trainer_accept(records: dict, tmp_pat
 
 
 def test_a_user_program_has_its_own_job_id_and_command_in_job_json(records: dict, tmp_path: Path) -> None:
-    from dglkit import launch
+    from dglkit.launcher import options
 
     defaults, program = ids(records, "defaults"), ids(records, "program")
     assert program["job"].startswith("train_dist-synthetic-2w-") and program["partition"] == defaults["partition"]
     config = tmp_path / "job.json"
     config.write_text(json.dumps(program["job_json"]))
     parser = argparse.ArgumentParser()
-    launch.add_arguments(parser)
-    cfg = launch.settings(parser.parse_args(["--config", str(config)]))
+    options.add_arguments(parser)
+    cfg = options.settings(parser.parse_args(["--config", str(config)]))
     assert cfg.command == "python3 train_dist.py --graph_name {graph_name} --ip_config {ip_config}"
     assert cfg.program_dir == "/srv/dglkit/programs/train_dist-0123456789ab" and cfg.train_args == [] and cfg.train == {}
     assert cfg.python_env == "/srv/dglkit/program-envs/train_dist-ba9876543210"
 
 
 def test_node_data_names_make_another_job_and_reach_the_launcher(records: dict, tmp_path: Path) -> None:
-    from dglkit import launch
+    from dglkit.launcher import options
 
     program, named = ids(records, "program"), ids(records, "program-names")
     assert named["job"] != program["job"] and named["partition"] == program["partition"]
@@ -154,8 +155,8 @@ def test_node_data_names_make_another_job_and_reach_the_launcher(records: dict, 
     config = tmp_path / "job.json"
     config.write_text(json.dumps(named["job_json"]))
     parser = argparse.ArgumentParser()
-    launch.add_arguments(parser)
-    cfg = launch.settings(parser.parse_args(["--config", str(config)]))
+    options.add_arguments(parser)
+    cfg = options.settings(parser.parse_args(["--config", str(config)]))
     assert cfg.node_data_names == {"feat": "features", "paper": {"labels": "label"}}
 
 

@@ -217,12 +217,12 @@ def test_job_json_with_an_unknown_key_is_refused(cli, tmp_path):
 def test_flags_override_job_json(tmp_path):
     import argparse
 
-    from dglkit import launch
+    from dglkit.launcher import options
 
     (tmp_path / "job.json").write_text(json.dumps({"num_trainers": 4, "train_args": ["--lr", "0.1"]}))
     parser = argparse.ArgumentParser()
-    launch.add_arguments(parser)
-    cfg = launch.settings(parser.parse_args(["--config", str(tmp_path / "job.json"), "--num-trainers", "2"]))
+    options.add_arguments(parser)
+    cfg = options.settings(parser.parse_args(["--config", str(tmp_path / "job.json"), "--num-trainers", "2"]))
     assert cfg.num_trainers == 2 and cfg.train_args == ["--lr", "0.1"] and cfg.job_dir == str(tmp_path)
     assert cfg.trainer_threads == max((os.cpu_count() or 1) // 2 // 2, 1)
 

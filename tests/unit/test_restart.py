@@ -10,7 +10,7 @@ import psutil
 import pytest
 
 from dglkit.common import read_json
-from dglkit.launch import HeartbeatWatch
+from dglkit.launcher.supervise import HeartbeatWatch
 from localjob import assert_job_gone, checkpointed_epochs, epochs_done, kill_trainer_after, start_local_job
 
 
