@@ -19,12 +19,13 @@ from the job's checkpoint (dglkit/launcher/attempts.py). The parts: dglkit/launc
 import argparse
 import ctypes
 import signal
+import sys
 
 from dglkit.common import emit_result
 from dglkit.launcher.attempts import run_attempts
 from dglkit.launcher.node import Node
 from dglkit.launcher.options import add_arguments, settings
-from dglkit.launcher.preflight import preflight
+from dglkit.launcher.preflight import job_over, preflight
 
 __all__ = ["add_arguments", "run"]
 PR_SET_CHILD_SUBREAPER = 36
@@ -32,6 +33,14 @@ PR_SET_CHILD_SUBREAPER = 36
 
 def run(args: argparse.Namespace) -> int:
     cfg = settings(args)
+    over = None if args.check else job_over(cfg)
+    if over:
+        # A host that was down when the job failed boots with the job's unit still enabled: its launcher has
+        # nothing to do, and exits 0 so that the unit disables itself (ExecStopPost).
+        print(f"dglkit launch: {over}: nothing to do on {cfg.node_name} (a new job directory runs it again)",
+              file=sys.stderr, flush=True)
+        emit_result({"changed": False, "node": cfg.node_name, "state": "failed", "reason": over})
+        return 0
     job = preflight(cfg)
     if args.check:
         emit_result({"changed": False, "node": cfg.node_name, "command": job["command"], "cwd": str(job["cwd"])})

@@ -167,7 +167,7 @@ SECTIONS: list[tuple[Section, list[Setting]]] = [
              "(<job dir>/checkpoint.pt: model,\noptimizer, epoch, RNG state, metrics). After a failure the nodes' "
              "launchers stop the job everywhere and start\nit again from the checkpoint, up to max_restarts times, "
              "each attempt's logs kept in attempts/<n>/; they wait\nup to restart_wait seconds for every node first "
-             "(a node still down then fails that attempt). 0 restarts:\nthe first failure ends the job. Running a "
+             "(a node still down then is gone: the job fails, naming it). 0\nrestarts: the first failure ends the job. Running a "
              "failed or stopped job again starts over, keeping the earlier\nrun in history/<k>/; with dgl_job_resume "
              "it continues from the checkpoint instead."), [
         Setting("checkpoint_every", "int", 1, "The trainers write checkpoint.pt every N epochs and after the last (0 "
@@ -175,7 +175,7 @@ SECTIONS: list[tuple[Section, list[Setting]]] = [
         Setting("max_restarts", "int", 2, "Restarts from the last checkpoint after a failure, coordinated by the "
                 "nodes' launchers (0 fails at the first failure).", LAUNCHER),
         Setting("restart_wait", "int", 300, "Seconds the launchers wait for every node before a restart; a node not "
-                "back by then fails that attempt.", LAUNCHER),
+                "back by then fails the job, naming it.", LAUNCHER),
         Setting("resume", "bool", False, "Running a failed or stopped job again continues from its checkpoint "
                 "instead of starting over.", PLAYBOOK),
         Setting("ssh_retries", "int", 10, "SSH attempts (with backoff up to 30 s each) for each poll of a running "

@@ -7,7 +7,7 @@ import os
 import shutil
 import time
 
-from dglkit.blame import repeats
+from dglkit.blame import restart_refused
 from dglkit.common import read_json
 from dglkit.launcher.node import POLL, Node
 from dglkit.launcher.start import start_all
@@ -43,19 +43,17 @@ def run_attempts(node: Node) -> None:
 
 
 def may_restart(node: Node) -> bool:
-    """Whether the failed attempt is to be followed by another: restarts are left and the last one made progress."""
+    """Whether the failed attempt is followed by another (blame.restart_refused says when it is not)."""
     failed = node.failed_record() or {}
     reason = f"node {failed.get('node')}: {failed.get('process')}: {failed.get('reason')}"
-    if node.attempt > node.cfg.max_restarts:
-        node.set_state("failed", reason if node.cfg.max_restarts == 0 else
-                       f"attempt {node.attempt} failed ({reason}); no restarts left")
-        return False
-    if repeats(node.job_dir, failed):
-        node.set_state("failed", f"attempt {node.attempt} failed as attempt {node.attempt - 1} did ({reason}) "
-                       "and made no progress; not restarting")
-        return False
-    node.set_state("restarting", f"attempt {node.attempt} failed ({reason})")
-    return True
+    refused = restart_refused(node.job_dir, failed, node.cfg.max_restarts)
+    if refused is None:
+        node.set_state("restarting", f"attempt {node.attempt} failed ({reason})")
+    elif node.cfg.max_restarts == 0:
+        node.set_state("failed", reason)
+    else:
+        node.set_state("failed", f"attempt {node.attempt} failed ({reason}); {refused}: not restarting")
+    return refused is None
 
 
 def run_attempt(node: Node) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 import psutil
 
 from dglkit import kinds, nodedata
-from dglkit.blame import repeats
+from dglkit.blame import restart_refused
 from dglkit.common import UserError, check_machine_count, read_json, read_partition_config
 from dglkit.launcher.command import BUILTIN_COMMAND, check_executables, expand, graph_name, in_program_dir
 from dglkit.launcher.options import DEFAULTS, settings
@@ -53,15 +53,21 @@ def check_port_free(address: str, port: int, purpose: str) -> None:
                             "holds it or choose another port") from None
 
 
+def job_over(cfg: argparse.Namespace) -> str | None:
+    """Why the job in --job-dir has failed for good (its FAILED file ends it), or None. A FAILED that another
+    attempt follows is a restart in progress, which a launcher started late (a host back from a reboot) joins."""
+    failed = read_json(Path(cfg.job_dir) / "FAILED") if cfg.job_dir else None
+    if failed is None:
+        return None
+    refused = restart_refused(Path(cfg.job_dir), failed, cfg.max_restarts)
+    return f"the job failed on node {failed.get('node')} ({refused})" if refused else None
+
+
 def check_job_open(cfg: argparse.Namespace, job_dir: Path) -> None:
     """The job has neither failed for good nor been stopped."""
-    failed = read_json(job_dir / "FAILED")
-    # A FAILED with restarts left is a restart in progress, which a launcher started late (a host back from a
-    # reboot) joins.
-    if (job_dir / "FAILED").exists() and ((failed or {}).get("attempt", 1) > cfg.max_restarts
-                                          or repeats(job_dir, failed or {})):
-        raise UserError(f"{job_dir}/FAILED exists (node {(failed or {}).get('node')}): this job has failed; "
-                        "start a new job directory")
+    over = job_over(cfg)
+    if over:
+        raise UserError(f"{job_dir}/FAILED exists: {over}; start a new job directory")
     if (job_dir / "STOP").exists():
         raise UserError(f"{job_dir}/STOP exists: this job was stopped; start a new job directory")
 
