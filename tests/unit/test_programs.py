@@ -152,7 +152,7 @@ def test_a_program_silent_longer_than_the_stall_timeout_trains_with_launchpys_en
         partition_1, program_site, tmp_path, dglkit):
     job_dir = tmp_path / "job"
     shm_before = set(os.listdir("/dev/shm"))
-    launch_proc, ports = start_program(job_dir, partition_1, program_site, "--stall-timeout", 5,
+    launch_proc, ports = start_program(job_dir, partition_1, program_site, "--stall-timeout", 10,
                                        command=COMMAND + " --quiet_seconds 15")
     status_file = job_dir / "nodes/n1/status.json"
     wait_for_text(launch_proc, job_dir / "metrics.jsonl", '"epoch"')

@@ -9,25 +9,22 @@ from typing import Any
 
 from dglkit.common import UserError
 from dglkit.launcher.command import PLACEHOLDERS
+from dglkit.settings import LAUNCHER_NUMBERS, SETTINGS
 
-# Settings and their defaults; job.json uses the same keys, flags override it.
+# The job settings that the launcher reads, declared once in dglkit.settings (type, default, checks), by their
+# job.json key; the program is not among them (plan gives job.json its command, program_dir and python_env).
+DECLARED = LAUNCHER_NUMBERS
+TYPES = {"int": int, "float": float}
+# Every key of job.json and its default: the declared ones, and the launcher's own; flags override job.json.
 DEFAULTS: dict[str, Any] = {
     "ip_config": None,
     "part_config": None,
     "job_dir": None,
     "node_name": socket.gethostname(),
     "machine_id": None,
-    "num_servers": 1,
-    "num_trainers": 1,
-    "num_samplers": 0,
-    "server_threads": 1,
-    "trainer_threads": None,
-    "master_port": 29500,
-    "server_port": 30050,
-    "stall_timeout": 120.0,
-    "stale_after": 120.0,
+    **{key: setting.default for key, setting in DECLARED.items()},
+    # By hand (no job.json from train.yml, which always sets it) the first failure ends the job.
     "max_restarts": 0,
-    "restart_wait": 300.0,
     "nodes": [],
     "connect_retries": 10,
     "grace": 10.0,
@@ -35,11 +32,14 @@ DEFAULTS: dict[str, Any] = {
     "command": "",
     "program_dir": None,
     "python_env": None,
-    "node_data_names": {},
+    "node_data_names": SETTINGS["node_data_names"].default,
     # The kit's trainer's settings (`dglkit train --settings <this file>` reads them; no flag).
     "train": {},
     "train_args": [],
 }
+# The launcher's own numbers: (least value, flag help).
+OWN_NUMBERS = {"connect_retries": (1, "DGL connect attempts, 3 s apart, before a trainer gives up on a server"),
+               "grace": (1, "seconds between SIGTERM and SIGKILL when stopping")}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -51,27 +51,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--node-name", help="name of this node's log directory (default: hostname)")
     parser.add_argument("--machine-id", type=int, help="this node's ip_config line, 0-based (default: the line "
                         "whose address is on a local interface)")
-    parser.add_argument("--num-servers", type=int, help="DGL servers on this node (default 1)")
-    parser.add_argument("--num-trainers", type=int, help="trainer processes on this node (default 1)")
-    parser.add_argument("--num-samplers", type=int, help="sampler processes per trainer (default 0)")
-    parser.add_argument("--server-threads", type=int, help="OMP threads per server (default 1)")
-    parser.add_argument("--trainer-threads", type=int, help="OMP threads per trainer (default cpus/2/trainers)")
-    parser.add_argument("--master-port", type=int, help="torch.distributed port on machine 0 (default 29500)")
-    parser.add_argument("--server-port", type=int, help="with --local: first DGL server port (default 30050)")
-    parser.add_argument("--stall-timeout", type=float, help="stop the job when a program's heartbeat "
-                        "($DGLKIT_HEARTBEAT_DIR/heartbeat-<rank>) has not changed for this many seconds; programs "
-                        "that never beat are not judged (default 120)")
-    parser.add_argument("--stale-after", type=float, help="stop the job when another node's status.json is older "
-                        "than this many seconds by the shared filesystem's clock (default 120)")
-    parser.add_argument("--max-restarts", type=int, help="restart the job from its checkpoint this many times "
-                        "after a failure (default 0: the first failure ends the job)")
-    parser.add_argument("--restart-wait", type=float, help="seconds to wait for every node before a restart "
-                        "(default 300)")
+    for key, setting in DECLARED.items():
+        parser.add_argument("--" + key.replace("_", "-"), type=TYPES[setting.type],
+                            help=f"{setting.help} (default {DEFAULTS[key]}; job setting {setting.var})")
+    for key, (_, text) in OWN_NUMBERS.items():
+        parser.add_argument("--" + key.replace("_", "-"), type=type(DEFAULTS[key]), help=f"{text} (default {DEFAULTS[key]})")
     parser.add_argument("--nodes", type=lambda text: text.split(","), help="every node's --node-name, comma "
                         "separated, in ip_config order: enables restarts and the other nodes' liveness checks")
-    parser.add_argument("--connect-retries", type=int, help="DGL connect attempts, 3 s apart, before a trainer "
-                        "gives up on a server (default 10)")
-    parser.add_argument("--grace", type=float, help="seconds between SIGTERM and SIGKILL when stopping (default 10)")
     parser.add_argument("--local", action="store_true", default=None,
                         help="run the whole job on this machine (127.0.0.1, a 1-part partition)")
     parser.add_argument("--command", help="the program's command line as for DGL's launch.py, with {placeholders}: "
@@ -85,6 +71,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "\"features\"}} for one (DGL's servers rename them as they load them)")
     parser.add_argument("--check", action="store_true", help="run the pre-flight checks only and start nothing")
     parser.add_argument("train_args", nargs=argparse.REMAINDER, help="-- then `dglkit train` arguments")
+
+
+def check_numbers(cfg: argparse.Namespace) -> None:
+    """The declared settings' checks (as `dglkit plan` applies them to dgl_job_*) and the launcher's own."""
+    for key, setting in DECLARED.items():
+        problem = setting.problem(getattr(cfg, key))
+        if problem:
+            raise UserError(f"--{key.replace('_', '-')} {getattr(cfg, key)}: {problem} (job setting {setting.var})")
+    for key, (least, _) in OWN_NUMBERS.items():
+        if getattr(cfg, key) < least:
+            raise UserError(f"--{key.replace('_', '-')} {getattr(cfg, key)}: use a value >= {least}")
 
 
 def settings(args: argparse.Namespace, config: dict[str, Any] | None = None) -> argparse.Namespace:
@@ -106,6 +103,6 @@ def settings(args: argparse.Namespace, config: dict[str, Any] | None = None) -> 
         flags["train_args"] = flags["train_args"][1:]
     merged = {key: flags[key] if flags[key] not in (None, []) else config.get(key, default)
               for key, default in DEFAULTS.items()}
-    if merged["trainer_threads"] is None:
+    if not merged["trainer_threads"]:  # 0 or none: picked here
         merged["trainer_threads"] = max((os.cpu_count() or 1) // 2 // max(merged["num_trainers"], 1), 1)
     return argparse.Namespace(**merged)

@@ -15,9 +15,8 @@ from dglkit import kinds, nodedata
 from dglkit.blame import restart_refused
 from dglkit.common import UserError, check_machine_count, read_json, read_partition_config
 from dglkit.launcher.command import BUILTIN_COMMAND, check_executables, expand, graph_name, in_program_dir
-from dglkit.launcher.options import DEFAULTS, settings
-
-POSITIVE = ("num_servers", "num_trainers", "grace", "stall_timeout", "connect_retries", "stale_after", "restart_wait")
+from dglkit.launcher.options import DEFAULTS, check_numbers, settings
+from dglkit.settings import SETTINGS
 
 
 def read_ip_config(path: Path) -> list[tuple[str, int]]:
@@ -31,6 +30,9 @@ def read_ip_config(path: Path) -> list[tuple[str, int]]:
             machines.append((fields[0], int(fields[1]) if len(fields) > 1 else DEFAULTS["server_port"]))
         except (OSError, ValueError):
             raise UserError(f"{path} line {number}: expected '<IPv4 address> <port>', got {line!r}") from None
+        problem = SETTINGS["server_port"].problem(machines[-1][1])
+        if problem:
+            raise UserError(f"{path} line {number}: port {machines[-1][1]}: {problem}")
     if not machines:
         raise UserError(f"{path} is empty: it needs one '<address> <port>' line per machine")
     return machines
@@ -99,12 +101,7 @@ def this_machine(cfg: argparse.Namespace, machines: list[tuple[str, int]], ip_co
     return local_lines[0]
 
 
-def check_numbers(cfg: argparse.Namespace, machines: list[tuple[str, int]]) -> None:
-    for key in POSITIVE:
-        if getattr(cfg, key) <= 0:
-            raise UserError(f"--{key.replace('_', '-')} must be positive, got {getattr(cfg, key)}")
-    if cfg.max_restarts < 0:
-        raise UserError(f"--max-restarts must be 0 or more, got {cfg.max_restarts}")
+def check_nodes(cfg: argparse.Namespace, machines: list[tuple[str, int]]) -> None:
     if cfg.nodes and (len(cfg.nodes) != len(machines) or cfg.node_name not in cfg.nodes):
         raise UserError(f"--nodes {','.join(cfg.nodes)}: give one name per ip_config line ({len(machines)}), "
                         f"including this node's {cfg.node_name}")
@@ -131,6 +128,7 @@ def preflight(cfg: argparse.Namespace, ahead: bool = False) -> dict:
     job_dir = Path(cfg.job_dir).resolve()
     if not ahead:
         check_job_open(cfg, job_dir)
+    check_numbers(cfg)
     ip_config, machines = job_machines(cfg, job_dir)
     part_config = Path(cfg.part_config).resolve()
     partition = read_partition_config(part_config)
@@ -147,7 +145,7 @@ def preflight(cfg: argparse.Namespace, ahead: bool = False) -> dict:
         check_port_free(address, port + s, f"DGL server {s}")
     if machine_id == 0 and not ahead:
         check_port_free(address, cfg.master_port, "torch.distributed master port")
-    check_numbers(cfg, machines)
+    check_nodes(cfg, machines)
     program_dir = Path(cfg.program_dir).resolve() if cfg.program_dir else job_dir
     if not program_dir.is_dir() and (cfg.program_dir or not ahead):
         raise UserError(f"program directory {program_dir} not found on {cfg.node_name}: ship the program first")
