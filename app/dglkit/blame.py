@@ -152,6 +152,20 @@ def advice(cause: dict[str, Any]) -> str:
     return ""
 
 
+def restart_refused(job_dir: Path, failed: dict[str, Any], max_restarts: int) -> str | None:
+    """Why the attempt that `failed` (its FAILED record) ends is the job's last, or None when another follows.
+    An attempt that did not start (a node did not come back within the restart wait) is the last: that node is
+    gone, so no later attempt could start either. Every launcher, and `watch`, decide from the same files."""
+    attempt = failed.get("attempt", 1)
+    if attempt > max_restarts:
+        return "no restarts left"
+    if not failed.get("started", True):
+        return "a node it needs is gone"
+    if repeats(job_dir, failed):
+        return f"it failed as attempt {attempt - 1} did and made no progress"
+    return None
+
+
 def history(job_dir: Path) -> list[dict[str, Any]]:
     """Each failed attempt that was restarted (attempts/<n>/), oldest first, with its cause and the time of its
     FAILED record ("failed_time": the launcher's clock)."""

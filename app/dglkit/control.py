@@ -32,6 +32,7 @@ from typing import Any
 from dglkit import jobfiles, lock
 from dglkit.common import UserError, emit_result, read_json, replace_file
 from dglkit.jobstate import earlier_run
+from dglkit.settings import SETTINGS
 
 UNIT = "dglkit-job.service"
 UNIT_FILE = Path("/etc/systemd/system") / UNIT
@@ -55,7 +56,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     stop.add_argument("--job-dir", default="", help="the job to check when the unit names none")
     stop.add_argument("--server-port", type=int, required=True, help="first DGL server port")
     stop.add_argument("--servers", type=int, default=1, help="DGL servers per node when job.json does not say")
-    stop.add_argument("--master-port", type=int, default=29500, help="torch's rendezvous port when job.json does not say")
+    stop.add_argument("--master-port", type=int, default=SETTINGS["master_port"].default,
+                      help="torch's rendezvous port when job.json does not say")
     stop.add_argument("--graph", default="", help="graph name when job.json does not say (its /dev/shm segments)")
     stop.add_argument("--ports-wait", type=float, default=10, help="seconds the job's ports may take to close")
     stop.add_argument("--check", action="store_true", help="say what would change, change nothing")
@@ -355,7 +357,7 @@ def ready(args: argparse.Namespace) -> dict[str, Any]:
                       busy_ports=still_listening(args.ports, args.ports_wait),
                       firewall=read_json(FIREWALL_RECORD) if args.worker else None)
         if args.launch_config is not None:
-            from dglkit.launch import check_ahead  # psutil and the launcher's modules: workers only
+            from dglkit.launcher.preflight import check_ahead  # psutil and the launcher's modules: workers only
 
             answer["launch"] = check_ahead(args.launch_config, args.node_name)
         if args.job_dir and holder is None:

@@ -24,6 +24,7 @@ import numpy as np
 from dglkit import chunkprep, hetero, kinds
 from dglkit.common import UserError, digest, emit_result, peak_rss_mb, read_csv, read_json, write_json
 from dglkit.resources import MEMORY_HELP, check_fits, memory_estimate
+from dglkit.settings import SETTINGS
 
 # Bump when the same inputs would give a different graph, so that old outputs are rebuilt.
 FORMAT = 2
@@ -40,7 +41,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "at --path: only dataset.json is written), or an OGB node-property dataset such as "
                              "ogbn-products or ogbn-mag")
     parser.add_argument("--out", required=True, type=Path, help="output directory (graph.dgl, dataset.json)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the generator and of fraction splits (%(default)s)")
+    parser.add_argument("--seed", type=int, default=SETTINGS["synthetic_seed"].default,
+                        help="seed of the generator and of fraction splits (%(default)s)")
     add_synthetic_arguments(parser)
     ogb = parser.add_argument_group("ogbn-*")
     ogb.add_argument("--data-root", type=Path,
@@ -72,10 +74,12 @@ def add_synthetic_arguments(parser: argparse.ArgumentParser) -> None:
     split.add_argument("--val-frac", type=float, default=0.05, help="fraction validated every epoch (%(default)s)")
     split.add_argument("--test-frac", type=float, default=0.1, help="fraction tested at the end (%(default)s)")
     syn = parser.add_argument_group("synthetic: degree-corrected stochastic block model")
-    syn.add_argument("--num-nodes", type=int, default=100_000, help="number of nodes (%(default)s)")
+    syn.add_argument("--num-nodes", type=int, default=SETTINGS["synthetic_nodes"].default,
+                     help="number of nodes (%(default)s)")
     syn.add_argument("--avg-degree", type=float, default=20,
                      help="mean in-degree of the symmetric graph, before dropping self loops and duplicates (%(default)s)")
-    syn.add_argument("--num-classes", type=int, default=10, help="number of label classes (%(default)s)")
+    syn.add_argument("--num-classes", type=int, default=SETTINGS["synthetic_classes"].default,
+                     help="number of label classes (%(default)s)")
     syn.add_argument("--feat-dim", type=int, default=100, help="node feature dimension (%(default)s)")
     syn.add_argument("--num-communities", type=int, default=0,
                      help="communities (class = community %% num-classes); 0: max(num-classes, nodes/1000)")

@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 
 from dglkit import jobfiles
-from dglkit.blame import advice, cause_of, failed_file, repeats, same_error
+from dglkit.blame import advice, cause_of, failed_file, history, restart_refused, same_error
 from dglkit.common import CHECKPOINT, UserError, file_kind, read_text, shared_fs_now
 
 # watch's own states of a node whose launcher says nothing: no status.json, one that is not what a launcher writes
@@ -79,7 +79,7 @@ def snapshot(job_dir: Path, nodes: list[str], stale_after: float, final: bool) -
     if final and silent and (max_restarts == 0 or len(silent) == len(states)):
         bad += silent
     # A stop during a restart ends the job: the launchers waiting to restart see STOP and stop too.
-    restarts_left = failed is not None and failed.get("attempt", 1) <= max_restarts and not repeats(job_dir, failed)
+    restarts_left = failed is not None and restart_refused(job_dir, failed, max_restarts) is None
     if failed is not None and not restarts_left:
         result.update(state="failed", **verdict(job_dir, failed, max_restarts))
     elif (job_dir / "STOP").exists():
@@ -102,7 +102,8 @@ def verdict(job_dir: Path, failed: dict, max_restarts: int) -> dict:
     because of it, the attempts that really ran, whether they all failed alike, and whether it can resume."""
     attempt, started = failed.get("attempt", 1), failed.get("started", True)
     cause = cause_of(job_dir, attempt)
-    ran = attempt if started else attempt - 1
+    # Attempts that never started (a node missing at the restart barrier) did not run.
+    ran = sum(1 for past in history(job_dir) if past["started"]) + (1 if started else 0)
     same = same_error(job_dir, failed)
     checkpoint = (job_dir / CHECKPOINT).exists()
     message = f"failed on {cause['node']}: {cause['process']}: {cause['reason']}"

@@ -21,6 +21,7 @@ from torch.nn.parallel import DistributedDataParallel
 from dglkit.common import UserError, beat, read_json
 from dglkit.loop import log, to_original_order
 from dglkit.sage import DistSAGE
+from dglkit.settings import parse_fan_out
 
 HITS = (1, 3, 10)
 
@@ -95,7 +96,7 @@ class Task:
         self.model = DistributedDataParallel(LinkPredictor(self.in_feats, args.num_hidden, args.num_layers,
                                                            args.dropout))
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
-        self.sampler = dgl.dataloading.MultiLayerNeighborSampler([int(f) for f in args.fan_out.split(",")])
+        self.sampler = dgl.dataloading.MultiLayerNeighborSampler(parse_fan_out(args.fan_out))
         # DGL 2.1's DistEdgeDataLoader takes the block sampler and the edge options itself (its EdgeCollator).
         # Asks for both directions of a batch's edges to leave its neighbourhoods, but DGL 2.1's
         # DistGraph.sample_neighbors ignores exclude_edges, so they stay (as in DGL's own unsupervised example).

@@ -14,7 +14,7 @@ import re
 from typing import Any
 
 from dglkit import kinds
-from dglkit.settings import JOB, PREFIX, SETTINGS, TRAINER, Setting
+from dglkit.settings import JOB, LAUNCHER_NUMBERS, PREFIX, SETTINGS, TRAINER, Setting, fan_out_problem, parse_fan_out
 
 TRUE = {"true", "yes", "on", "1", "y", "t"}
 FALSE = {"false", "no", "off", "0", "n", "f", ""}
@@ -46,10 +46,7 @@ def coerce(setting: Setting, value: Any) -> Any:
             raise ValueError
         return text in TRUE
     if kind == "list":
-        items = value.split(",") if isinstance(value, str) else value
-        if not isinstance(items, list):
-            raise ValueError
-        return [int(item) for item in items] if setting.name == "fan_out" else items
+        return parse_fan_out(value)
     if kind == "dict":
         if not isinstance(value, dict):
             raise ValueError
@@ -84,11 +81,12 @@ def check(s: dict[str, Any], given: dict[str, Any]) -> list[str]:
 
     dataset, task = s["dataset"], s["task"]
     hetero = kinds.heterogeneous(dataset)
-    below_one = [PREFIX + n for n in ("epochs", "batch_size", "hidden", "layers", "servers", "trainers") if s[n] < 1]
-    negative = [PREFIX + n for n in ("samplers", "server_threads", "trainer_threads") if s[n] < 0]
     job_id = s["id"]
     names = s["node_data_names"]
-    rules = [
+    fan_out = fan_out_problem(s["fan_out"], s["layers"])
+    bounds = [(True, f"{setting.var}={raw(name)}: {problem}") for name, setting in SETTINGS.items()
+              for problem in [setting.problem(s[name])] if problem]
+    rules = bounds + [
         (kinds.kind(dataset) is None,
          f"dgl_job_dataset={dataset}: use synthetic, synthetic-hetero, files, chunked or an ogbn-* name such as "
          "ogbn-products or ogbn-mag"),
@@ -101,11 +99,8 @@ def check(s: dict[str, Any], given: dict[str, Any]) -> list[str]:
         (task == "link_prediction" and s["graphbolt"] and not s["program"],
          "dgl_job_task=link_prediction with dgl_job_graphbolt=true: DGL 2.1's GraphBolt samples nodes only, not the "
          "edges link prediction trains on (find_edges is not supported in GraphBolt); set dgl_job_graphbolt=false"),
-        (s["weight_decay"] < 0 or s["sparse_lr"] <= 0, "dgl_job_weight_decay must be >= 0 and dgl_job_sparse_lr > 0"),
-        (s["num_negs"] < 1 or s["eval_negs"] < 1, "dgl_job_num_negs and dgl_job_eval_negs must be >= 1"),
-        (task == "link_prediction" and not (s["link_val_frac"] > 0 and s["link_test_frac"] > 0
-                                            and s["link_val_frac"] + s["link_test_frac"] < 1),
-         "dgl_job_link_val_frac and dgl_job_link_test_frac must be > 0 with a sum < 1"),
+        (task == "link_prediction" and s["link_val_frac"] + s["link_test_frac"] >= 1,
+         "dgl_job_link_val_frac and dgl_job_link_test_frac must have a sum < 1"),
         (dataset == "files" and not s["files_path"],
          "dgl_job_dataset=files needs dgl_job_files_path (a .npz file or a directory on the storage host)"),
         (dataset == "chunked" and not s["chunked_path"],
@@ -114,24 +109,7 @@ def check(s: dict[str, Any], given: dict[str, Any]) -> list[str]:
          f"dgl_job_id={job_id}: " + ("'.' and '..' are not names" if job_id in (".", "..") else
                                      "use letters, digits, ., _ and - only, starting with a letter or digit")
          + " (it names a directory)"),
-        (len(s["fan_out"]) != s["layers"],
-         f"dgl_job_fan_out={','.join(map(str, s['fan_out']))} needs {s['layers']} values, one per layer (dgl_job_layers)"),
-        (any(f < 1 and f != -1 for f in s["fan_out"]),
-         f"dgl_job_fan_out={','.join(map(str, s['fan_out']))}: use values >= 1, or -1 for all neighbours"),
-        (bool(below_one), f"{', '.join(below_one)} must be >= 1"),
-        (bool(negative), f"{', '.join(negative)} must be >= 0"),
-        (not 0 <= s["dropout"] < 1, f"dgl_job_dropout={raw('dropout')}: use a value in [0, 1)"),
-        (s["lr"] <= 0, f"dgl_job_lr={raw('lr')}: use a positive learning rate"),
-        (s["stall_timeout"] < 10 or s["stale_after"] < 10 or s["poll_seconds"] < 1 or s["progress_seconds"] < 0,
-         "dgl_job_stall_timeout and dgl_job_stale_after must be >= 10, dgl_job_poll_seconds >= 1 and "
-         "dgl_job_progress_seconds >= 0"),
-        (s["max_restarts"] < 0 or s["checkpoint_every"] < 0 or s["restart_wait"] < 10,
-         "dgl_job_max_restarts and dgl_job_checkpoint_every must be >= 0 and dgl_job_restart_wait >= 10"),
-        (not re.fullmatch(r"([1-9][0-9]*[KMGT]?|([1-9][0-9]?|100)%|infinity)?", s["memory_max"]),
-         f"dgl_job_memory_max={raw('memory_max')}: use bytes with K, M, G or T (e.g. 48G), a percentage of the node's "
-         "memory (80%), or empty"),
-        (not re.fullmatch(r"([1-9][0-9]*%)?", s["cpu_quota"]),
-         f"dgl_job_cpu_quota={raw('cpu_quota')}: use a percentage of one core (400% = four cores), or empty"),
+        (bool(fan_out), f"dgl_job_fan_out={','.join(map(str, s['fan_out']))}: {fan_out} (dgl_job_layers={s['layers']})"),
         (bool(names) and not s["program"],
          "dgl_job_node_data_names names node data for your own program: set dgl_program_dir and dgl_program_command "
          "too (the kit's trainer reads the kit's names)"),
@@ -169,10 +147,9 @@ def launcher_config(s: dict[str, Any], job_dir: str, part_config: str, workers: 
     """job.json: `dglkit launch --config`, whose keys are launch's long flag names."""
     config = {
         "job_dir": job_dir, "ip_config": f"{s['workspace']}/ip_config.txt", "part_config": part_config,
-        "num_servers": s["servers"], "num_trainers": s["trainers"], "num_samplers": s["samplers"],
-        "server_threads": s["server_threads"], "trainer_threads": s["trainer_threads"] or None,
-        "master_port": s["master_port"], "stall_timeout": s["stall_timeout"], "stale_after": s["stale_after"],
-        "max_restarts": s["max_restarts"], "restart_wait": s["restart_wait"], "nodes": workers,
+        # The server port is ip_config's (each line's); the launcher's flag is for --local.
+        **{key: s[setting.name] for key, setting in LAUNCHER_NUMBERS.items() if key != "server_port"},
+        "trainer_threads": s["trainer_threads"] or None, "nodes": workers,
         "train": trainer_settings(s), "train_args": ["--settings", f"{job_dir}/job.json"],
     }
     if s["program"]:

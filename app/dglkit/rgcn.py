@@ -23,6 +23,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from dglkit.common import UserError, beat
 from dglkit.loop import log, to_original_order
+from dglkit.settings import parse_fan_out
 
 
 def check(args: argparse.Namespace, config: dict) -> None:
@@ -130,7 +131,7 @@ class Task:
         # even split differs by at most one node per trainer, which the shorter shares decide.
         shortest = torch.tensor([len(self.nids["train"])])
         torch.distributed.all_reduce(shortest, op=torch.distributed.ReduceOp.MIN)
-        self.sampler = dgl.dataloading.MultiLayerNeighborSampler([int(f) for f in args.fan_out.split(",")])
+        self.sampler = dgl.dataloading.MultiLayerNeighborSampler(parse_fan_out(args.fan_out))
         self.loader = dgl.dataloading.DistNodeDataLoader(g, {category: self.nids["train"][: int(shortest)]},
                                                          self.sampler, batch_size=args.batch_size, shuffle=True,
                                                          drop_last=False)

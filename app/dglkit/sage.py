@@ -16,6 +16,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from dglkit.common import UserError, beat
 from dglkit.loop import log, to_original_order
+from dglkit.settings import parse_fan_out
 
 
 def check(args: argparse.Namespace, config: dict) -> None:
@@ -91,7 +92,7 @@ class Task:
         self.model = DistributedDataParallel(model.to(self.device),
                                              device_ids=[self.device] if args.device == "cuda" else None)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
-        self.sampler = dgl.dataloading.MultiLayerNeighborSampler([int(f) for f in args.fan_out.split(",")])
+        self.sampler = dgl.dataloading.MultiLayerNeighborSampler(parse_fan_out(args.fan_out))
         self.loader = dgl.dataloading.DistNodeDataLoader(g, self.nids["train"], self.sampler,
                                                          batch_size=args.batch_size, shuffle=True, drop_last=False)
 

@@ -39,6 +39,14 @@ class Setting:
     example: Any = None  # job.yml's value of a commented-out setting, when not the default
     elements: str = "int"  # of a list
     flag: str | None = None  # the trainer's option, when not --<name>
+    # The checks every reader applies (plan on the controller, the trainer, the launcher): bounds, inclusive
+    # (minimum, maximum) or not (above, below), and for a str a pattern with what to write instead.
+    minimum: float | None = None
+    maximum: float | None = None
+    above: float | None = None
+    below: float | None = None
+    pattern: tuple[str, str] | None = None
+    key: str | None = None  # the launcher's job.json key (its long flag), when not the name
 
     @property
     def var(self) -> str:
@@ -54,9 +62,58 @@ class Setting:
         """The trainer's name of it: its option's, and its key in job.json's "train"."""
         return self.option[2:].replace("-", "_")
 
+    @property
+    def launch_key(self) -> str:
+        """The launcher's name of it: its job.json key and, with dashes, its long flag."""
+        return self.key or self.name
+
     def train_value(self, value: Any) -> Any:
         """As the trainer's option takes it: a list as its comma-separated text."""
         return ",".join(map(str, value)) if isinstance(value, list) else value
+
+    def bounds(self) -> list[tuple[str, float]]:
+        """The declared bounds as (comparison, bound) pairs, e.g. [(">=", 0), ("<", 1)]."""
+        declared = [(">=", self.minimum), (">", self.above), ("<=", self.maximum), ("<", self.below)]
+        return [(sign, bound) for sign, bound in declared if bound is not None]
+
+    def bounds_text(self) -> str:
+        return " and ".join(f"{sign} {bound:g}" for sign, bound in self.bounds())
+
+    def problem(self, value: Any) -> str | None:
+        """What is wrong with a value of the declared type, as "use ..." advice, or None."""
+        if self.pattern is not None:
+            return None if re.fullmatch(self.pattern[0], str(value)) else self.pattern[1]
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            return None
+        number = float(value)
+        within = {">=": number.__ge__, ">": number.__gt__, "<=": number.__le__, "<": number.__lt__}
+        if all(within[sign](bound) for sign, bound in self.bounds()):
+            return None
+        return f"use a value {self.bounds_text()}"
+
+
+def parse_fan_out(value: Any) -> list[int]:
+    """fan_out as a list of ints, from the list or its comma-separated text; ValueError when it is neither."""
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, list) or not items:
+        raise ValueError(f"not a list: {value!r}")
+    return [int(item.strip() if isinstance(item, str) else item) for item in items]
+
+
+def fan_out_problem(fan_out: list[int], layers: int) -> str | None:
+    """The fan_out rule of plan and trainer alike: one value per layer, each >= 1 or -1 (all neighbours)."""
+    if len(fan_out) != layers:
+        return f"needs {layers} values, one per layer"
+    if any(f < 1 and f != -1 for f in fan_out):
+        return "use values >= 1, or -1 for all neighbours"
+    return None
+
+
+# The checks that several settings share, or that are too long for their line.
+PORT: dict[str, Any] = {"minimum": 1, "maximum": 65535}
+MEMORY_MAX = (r"([1-9][0-9]*[KMGT]?|([1-9][0-9]?|100)%|infinity)?",
+              "use bytes with K, M, G or T (e.g. 48G), a percentage of the node's memory (80%), or empty")
+CPU_QUOTA = (r"([1-9][0-9]*%)?", "use a percentage of one core (400% = four cores), or empty")
 
 
 @dataclass(frozen=True)
@@ -84,11 +141,11 @@ SECTIONS: list[tuple[Section, list[Setting]]] = [
                 "synthetic, synthetic-hetero (papers, authors, institutions, fields; labels on papers), files, chunked "
                 "(DGL's chunked graph format at dgl_job_chunked_path), or an OGB node-property dataset "
                 "(ogbn-products, ogbn-arxiv, ogbn-mag, ...).", DATASET, PARTITION),
-        Setting("synthetic_nodes", "int", 100000, "Nodes of the synthetic graph.", DATASET, PARTITION),
-        Setting("synthetic_degree", "int", 10, "Mean degree of the synthetic graph.", DATASET, PARTITION),
-        Setting("synthetic_classes", "int", 10, "Classes of the synthetic graph.", DATASET, PARTITION),
-        Setting("synthetic_feat_dim", "int", 64, "Feature dimension of the synthetic graph.", DATASET, PARTITION),
-        Setting("synthetic_seed", "int", 0, "Seed of the synthetic graph and its split.", DATASET, PARTITION),
+        Setting("synthetic_nodes", "int", 100000, "Nodes of the synthetic graph.", DATASET, PARTITION, minimum=2),
+        Setting("synthetic_degree", "int", 10, "Mean degree of the synthetic graph.", DATASET, PARTITION, minimum=1),
+        Setting("synthetic_classes", "int", 10, "Classes of the synthetic graph.", DATASET, PARTITION, minimum=2),
+        Setting("synthetic_feat_dim", "int", 64, "Feature dimension of the synthetic graph.", DATASET, PARTITION, minimum=1),
+        Setting("synthetic_seed", "int", 0, "Seed of the synthetic graph and its split.", DATASET, PARTITION, minimum=0),
         Setting("ogb_root", "path", "{{ dgl_job_workspace }}/ogb",
                 "ogbn-*: directory on the storage host that holds (or receives) ogb's dataset folders "
                 "(e.g. <root>/ogbn_products/ with RELEASE_v1.txt).", DATASET, shown="<workspace>/ogb",
@@ -117,49 +174,53 @@ SECTIONS: list[tuple[Section, list[Setting]]] = [
     ]),
     (Section("Model and training", "Model and training (GraphSAGE as DGL's distributed tutorial, RGCN as its "
              "distributed rgcn example)."), [
-        Setting("epochs", "int", 5, "Training epochs.", TRAINER, JOB, flag="--num-epochs"),
-        Setting("batch_size", "int", 256, "Seed nodes per mini-batch and trainer.", TRAINER, JOB),
+        Setting("epochs", "int", 5, "Training epochs.", TRAINER, JOB, flag="--num-epochs", minimum=1),
+        Setting("batch_size", "int", 256, "Seed nodes per mini-batch and trainer.", TRAINER, JOB, minimum=1),
         Setting("fan_out", "list", [10, 25], "Neighbours sampled per layer, one value per layer (-1: all).",
                 TRAINER, JOB),
-        Setting("layers", "int", 2, "GraphSAGE or RGCN layers.", TRAINER, JOB, flag="--num-layers"),
-        Setting("hidden", "int", 64, "Hidden units of GraphSAGE or RGCN.", TRAINER, JOB, flag="--num-hidden"),
-        Setting("dropout", "float", 0.5, "Dropout in [0, 1).", TRAINER, JOB),
-        Setting("lr", "float", 0.01, "Adam learning rate.", TRAINER, JOB),
-        Setting("weight_decay", "float", 0.0, "L2 penalty (weight decay) of the Adam optimizer.", TRAINER, JOB),
+        Setting("layers", "int", 2, "GraphSAGE or RGCN layers.", TRAINER, JOB, flag="--num-layers", minimum=1),
+        Setting("hidden", "int", 64, "Hidden units of GraphSAGE or RGCN.", TRAINER, JOB, flag="--num-hidden", minimum=1),
+        Setting("dropout", "float", 0.5, "Dropout between the layers.", TRAINER, JOB, minimum=0, below=1),
+        Setting("lr", "float", 0.01, "Adam learning rate.", TRAINER, JOB, above=0),
+        Setting("weight_decay", "float", 0.0, "L2 penalty (weight decay) of the Adam optimizer.", TRAINER, JOB, minimum=0),
         Setting("seed", "int", 0, "Seed of torch, numpy, random and DGL's samplers on servers and trainers.",
-                TRAINER, JOB),
+                TRAINER, JOB, minimum=0),
         Setting("sparse_lr", "float", 0.01,
                 "RGCN only: learning rate of the learnt embeddings of featureless node types (SparseAdam).",
-                TRAINER, JOB),
+                TRAINER, JOB, above=0),
         Setting("link_val_frac", "float", 0.05,
-                "Link prediction only: share of node pairs held out of the graph for validation.", DATASET, PARTITION),
+                "Link prediction only: share of node pairs held out of the graph for validation.", DATASET, PARTITION,
+                above=0, below=1),
         Setting("link_test_frac", "float", 0.05,
-                "Link prediction only: share of node pairs held out of the graph for testing.", DATASET, PARTITION),
+                "Link prediction only: share of node pairs held out of the graph for testing.", DATASET, PARTITION,
+                above=0, below=1),
         Setting("num_negs", "int", 5,
-                "Link prediction only: uniformly sampled negative edges per positive edge in training.", TRAINER, JOB),
+                "Link prediction only: uniformly sampled negative edges per positive edge in training.", TRAINER, JOB, minimum=1),
         Setting("eval_negs", "int", 100,
                 "Link prediction only: negatives each held-out edge is ranked against (MRR, hits@1/3/10).",
-                TRAINER, JOB),
+                TRAINER, JOB, minimum=1),
     ]),
     (Section("Processes", "Processes on every worker: DGL servers, trainers, and sampler processes per trainer (0: the "
              "trainer\nsamples itself). GraphBolt sampling also converts the partition (once)."), [
-        Setting("servers", "int", 1, "DGL servers per worker.", LAUNCHER, JOB),
-        Setting("trainers", "int", 1, "Trainer processes per worker.", LAUNCHER, JOB),
-        Setting("samplers", "int", 0, "Sampler processes per trainer (0 samples inside the trainer).", LAUNCHER, JOB),
-        Setting("server_threads", "int", 1, "OMP threads of each server.", LAUNCHER, JOB),
+        Setting("servers", "int", 1, "DGL servers per worker.", LAUNCHER, JOB, minimum=1, key="num_servers"),
+        Setting("trainers", "int", 1, "Trainer processes per worker.", LAUNCHER, JOB, minimum=1, key="num_trainers"),
+        Setting("samplers", "int", 0, "Sampler processes per trainer (0 samples inside the trainer).", LAUNCHER, JOB,
+                minimum=0, key="num_samplers"),
+        Setting("server_threads", "int", 1, "OMP threads of each server.", LAUNCHER, JOB, minimum=0),
         Setting("trainer_threads", "int", 0, "OMP threads of each trainer; 0 picks max(cpus // 2 // trainers, 1).",
-                LAUNCHER, JOB),
+                LAUNCHER, JOB, minimum=0),
         Setting("graphbolt", "bool", False, "Sample with GraphBolt (the partition gets a GraphBolt graph too); not "
                 "with link_prediction (DGL 2.1's GraphBolt samples nodes only).",
                 TRAINER, JOB),
         Setting("memory_max", "str", "",
                 "MemoryMax= of the job unit on each worker (e.g. 48G, or 80% of the node's memory); empty for none. "
-                "Needs the memory cgroup controller.", PLAYBOOK),
+                "Needs the memory cgroup controller.", PLAYBOOK, pattern=MEMORY_MAX),
         Setting("cpu_quota", "str", "",
-                "CPUQuota= of the job unit on each worker (e.g. 400% for four cores); empty for none.", PLAYBOOK),
+                "CPUQuota= of the job unit on each worker (e.g. 400% for four cores); empty for none.", PLAYBOOK,
+                pattern=CPU_QUOTA),
         Setting("master_port", "int", 29500,
                 "torch.distributed rendezvous port on the first worker (the DGL server ports are "
-                "dglkit_server_port + s).", LAUNCHER),
+                "dglkit_server_port + s).", LAUNCHER, **PORT),
     ]),
     (Section("Liveness", "Liveness. The kit's trainers beat a heartbeat (also while evaluating, inferring and saving); "
              "one that has\nnot changed for stall_timeout seconds, judged by the launcher's own clock, stops the job. "
@@ -167,33 +228,33 @@ SECTIONS: list[tuple[Section, list[Setting]]] = [
              "seconds (by the\nshared filesystem's clock, so a host whose clock is off does not count) is down."), [
         Setting("stall_timeout", "int", 120,
                 "Seconds a trainer's heartbeat may stay unchanged before the job is stopped (programs that never beat "
-                "are not judged).", LAUNCHER),
+                "are not judged).", LAUNCHER, minimum=10),
         Setting("stale_after", "int", 120,
                 "Seconds after which a node whose status.json is not refreshed (by the shared filesystem's clock) "
-                "counts as down.", LAUNCHER),
+                "counts as down.", LAUNCHER, minimum=10),
     ]),
     (Section("Checkpoints and restarts", "Long jobs. The trainers checkpoint every N epochs and after the last "
              "(<job dir>/checkpoint.pt: model,\noptimizer, epoch, RNG state, metrics). After a failure the nodes' "
              "launchers stop the job everywhere and start\nit again from the checkpoint, up to max_restarts times, "
              "each attempt's logs kept in attempts/<n>/; they wait\nup to restart_wait seconds for every node first "
-             "(a node still down then fails that attempt). 0 restarts:\nthe first failure ends the job. Running a "
+             "(a node still down then is gone: the job fails, naming it). 0\nrestarts: the first failure ends the job. Running a "
              "failed or stopped job again starts over, keeping the earlier\nrun in history/<k>/; with dgl_job_resume "
              "it continues from the checkpoint instead."), [
         Setting("checkpoint_every", "int", 1, "The trainers write checkpoint.pt every N epochs and after the last (0 "
-                "never).", TRAINER),
+                "never).", TRAINER, minimum=0),
         Setting("max_restarts", "int", 2, "Restarts from the last checkpoint after a failure, coordinated by the "
-                "nodes' launchers (0 fails at the first failure).", LAUNCHER),
+                "nodes' launchers (0 fails at the first failure).", LAUNCHER, minimum=0),
         Setting("restart_wait", "int", 300, "Seconds the launchers wait for every node before a restart; a node not "
-                "back by then fails that attempt.", LAUNCHER),
+                "back by then fails the job, naming it.", LAUNCHER, minimum=10),
         Setting("resume", "bool", False, "Running a failed or stopped job again continues from its checkpoint "
                 "instead of starting over.", PLAYBOOK),
         Setting("ssh_retries", "int", 10, "SSH attempts (with backoff up to 30 s each) for each poll of a running "
-                "job before the watch gives up.", PLAYBOOK, sample=None),
+                "job before the watch gives up.", PLAYBOOK, sample=None, minimum=0),
         Setting("poll_seconds", "int", 30, "Longest wait of one `dglkit watch` poll; it returns earlier when the job "
-                "changes.", PLAYBOOK, sample=None),
+                "changes.", PLAYBOOK, sample=None, minimum=1),
         Setting("progress_seconds", "int", 5, "Shortest time between two progress lines of a running job (each line "
                 "is a poll: a round trip and a Python start on the storage host); a change of state is reported at "
-                "once.", PLAYBOOK, sample=None),
+                "once.", PLAYBOOK, sample=None, minimum=0),
     ]),
     (Section("Job id and results", "Job id: empty derives it from the settings and the partition, so the same job run "
              "twice is found\nfinished the second time (nothing runs, changed=0). Set dgl_job_force: true to run it "
@@ -255,13 +316,18 @@ SECTIONS: list[tuple[Section, list[Setting]]] = [
         Setting("workspace", "path", "/srv/dglkit", "Shared workspace (dglkit_workspace).", PLAYBOOK, sample=None),
         Setting("venv", "path", "{{ dgl_job_workspace }}/venv", "Node venv (dglkit_venv_dir).", PLAYBOOK,
                 shown="<workspace>/venv", sample=None),
-        Setting("server_port", "int", 30050, "First DGL server port (dglkit_server_port).", LAUNCHER, sample=None),
+        Setting("server_port", "int", 30050, "First DGL server port (dglkit_server_port).", LAUNCHER, sample=None, **PORT),
         Setting("user", "str", "dglkit", "Unprivileged account that runs every job process and owns the job's files "
                 "(dglkit_user).", PLAYBOOK, sample=None),
     ]),
 ]
 
 SETTINGS: dict[str, Setting] = {s.name: s for _, group in SECTIONS for s in group}
+
+
+# The launcher's numbers (job.json keys, its long flags), by their key there.
+LAUNCHER_NUMBERS: dict[str, Setting] = {s.launch_key: s for s in SETTINGS.values()
+                                        if s.reader == LAUNCHER and s.type in ("int", "float")}
 
 
 def defaults(reader: str | None = None) -> dict[str, Any]:
@@ -276,6 +342,39 @@ SAMPLE_FILE = "inventory/sample/group_vars/all/job.yml"
 DOCS_FILE = "docs/settings.md"
 TABLE_BEGIN, TABLE_END = "<!-- settings-table:begin -->", "<!-- settings-table:end -->"
 GENERATED = "generated from app/dglkit/settings.py by `make settings`: change them there"
+
+
+# Variables of other roles (and the kit-wide dglkit_* that feed a setting) that take a setting's default: their
+# default is generated too, so that it is written once, here. (variable, setting), by file.
+MIRRORS: dict[str, list[tuple[str, str]]] = {
+    **{f"roles/dgl_dataset/{name}": [(f"dgl_dataset_{setting}", setting) for setting in (
+        "synthetic_nodes", "synthetic_degree", "synthetic_classes", "synthetic_feat_dim", "synthetic_seed",
+        "ogb_download", "files_path", "partition_builder", "graphbolt")]
+       for name in ("defaults/main.yml", "meta/argument_specs.yml")},
+    **{f"roles/dgl_job_control/{name}": [("dgl_job_control_master_port", "master_port"),
+                                         ("dgl_job_control_server_port", "server_port")]
+       for name in ("defaults/main.yml", "meta/argument_specs.yml")},
+    **{f"roles/firewall/{name}": [("firewall_rendezvous_port", "master_port"), ("firewall_server_port", "server_port")]
+       for name in ("defaults/main.yml", "meta/argument_specs.yml")},
+    "roles/dglkit_defaults/defaults/main.yml": [("dglkit_server_port", "server_port")],
+    "roles/cluster_validate/meta/argument_specs.yml": [("cluster_validate_server_port", "server_port")],
+    "inventory/sample/group_vars/all/cluster.yml": [("dglkit_server_port", "server_port")],
+}
+
+
+def render_mirrors(name: str, current: str) -> str:
+    """A file of MIRRORS with each of its variables' default as declared: `var: value` in a defaults file, the
+    `default:` of the variable's entry in an argument spec."""
+    for var, setting in MIRRORS[name]:
+        value = yaml_value(SETTINGS[setting].default)
+        if "argument_specs" in name:
+            entry = re.compile(rf"^(( +){var}:\n(?:\2 +.*\n)*?\2 +default: ).*$", re.M)
+        else:
+            entry = re.compile(rf"^({var}: ).*$", re.M)
+        current, found = entry.subn(lambda m: m.group(1) + value, current, count=1)  # noqa: B023 (used at once)
+        if not found:
+            raise ValueError(f"{name}: no {var} to write the default of {PREFIX}{setting} to")
+    return current
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -357,7 +456,8 @@ def render_table() -> str:
         shown = setting.shown if setting.shown is not None else json.dumps(setting.default)
         choices = f" One of {', '.join(setting.choices)}." if setting.choices else ""
         identity = {JOB: "yes", PARTITION: "yes (another partition)"}.get(setting.identity or "", "no")
-        lines.append(f"| `{setting.var}` | `{shown}` | {identity} | {setting.reader} | {setting.help}{choices} |")
+        bounds = f" A value {setting.bounds_text()}." if setting.bounds() else ""
+        lines.append(f"| `{setting.var}` | `{shown}` | {identity} | {setting.reader} | {setting.help}{choices}{bounds} |")
     return "\n".join(lines) + "\n"
 
 
@@ -375,7 +475,8 @@ def rendered(root: Path) -> dict[str, str]:
         return path.read_text() if path.exists() else None
 
     return {DEFAULTS_FILE: render_defaults(), SPECS_FILE: render_specs(read(SPECS_FILE) or ""),
-            SAMPLE_FILE: render_sample(), DOCS_FILE: render_docs(read(DOCS_FILE))}
+            SAMPLE_FILE: render_sample(), DOCS_FILE: render_docs(read(DOCS_FILE)),
+            **{name: render_mirrors(name, read(name) or "") for name in MIRRORS}}
 
 
 def run(args: argparse.Namespace) -> int:

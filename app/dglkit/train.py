@@ -20,7 +20,7 @@ import torch
 
 from dglkit import kinds, loop
 from dglkit.common import UserError, check_machine_count, read_partition_config
-from dglkit.settings import SETTINGS, TRAINER
+from dglkit.settings import SETTINGS, TRAINER, fan_out_problem, parse_fan_out
 
 # (task, heterogeneous graph?) -> the module that trains it (the table is dglkit.kinds.TASKS): its check(args,
 # config) runs before DGL starts, its Task is what dglkit.loop trains.
@@ -76,16 +76,24 @@ def check_inputs(args: argparse.Namespace) -> dict:
     check_machine_count(part_config, config["num_parts"], args.ip_config, len(machines))
     if args.graphbolt and "part_graph_graphbolt" not in config.get("part-0", {}):
         raise UserError(f"{part_config} has no GraphBolt graph: run `dglkit partition --graphbolt` or drop --graphbolt")
-    fan_out = args.fan_out.split(",")
-    if len(fan_out) != args.num_layers or not all(f.strip().lstrip("-").isdigit() for f in fan_out):
-        raise UserError(f"--fan-out {args.fan_out!r} needs {args.num_layers} comma-separated integers (one per layer)")
+    check_settings(args)
     if args.device == "cuda" and not torch.cuda.is_available():
         raise UserError("--device cuda but torch sees no GPU: use --device cpu")
-    if args.weight_decay < 0:
-        raise UserError(f"--weight-decay must be >= 0, got {args.weight_decay}")
-    if args.num_epochs < 1:
-        raise UserError(f"--num-epochs must be >= 1, got {args.num_epochs}")
     return config
+
+
+def check_settings(args: argparse.Namespace) -> None:
+    """The declared settings' checks (dglkit.settings), as `dglkit plan` applies them on the controller."""
+    try:
+        problem = fan_out_problem(parse_fan_out(args.fan_out), args.num_layers)
+    except ValueError:
+        problem = "use comma-separated integers"
+    if problem:
+        raise UserError(f"--fan-out {args.fan_out}: {problem} (--num-layers {args.num_layers})")
+    for setting in TRAINER_SETTINGS:
+        problem = setting.problem(getattr(args, setting.dest))
+        if problem:
+            raise UserError(f"{setting.option} {getattr(args, setting.dest)}: {problem}")
 
 
 def task_module(args: argparse.Namespace, config: dict) -> ModuleType:

@@ -452,16 +452,28 @@ def test_stop_while_the_job_waits_for_a_host_to_come_back_stops_everything(site:
 
 
 def test_a_worker_host_that_stays_down_fails_the_job_naming_it(site: Cluster, runs: Path) -> None:
-    """Last: the host does not come back (the test hosts cannot reboot and keep their disk)."""
-    proc = start_train(site, runs, *ENDLESS, "-e", "dgl_job_id=e2e-down", "-e", "dgl_job_max_restarts=1",
+    """The host shuts down and is not back within the restart wait: the job fails at that barrier, naming it, with
+    a restart still left; when the host boots after that, its launcher starts nothing and the unit disables itself."""
+    proc = start_train(site, runs, *ENDLESS, "-e", "dgl_job_id=e2e-down", "-e", "dgl_job_max_restarts=2",
                        "-e", "dgl_job_stale_after=15", "-e", "dgl_job_restart_wait=15")
     wait_for_epoch(site, "e2e-down", "node3")
-    site.remove("node3")
+    site.shutdown("node3")
     gone = time.time()
     output = finish(proc, timeout=300)
     print(f"train.yml ended {time.time() - gone:.0f} s after node3 went down")
     assert proc.returncode != 0, output[-4000:]
-    # Attempt 2 never started: the report counts the attempts that ran.
+    # Attempt 2 never started and was the last: the report counts the attempts that ran.
     assert re.search(r"job e2e-down failed on node3: node: node\(s\) node3 did not come back within 15 s; 1 attempt ran "
-                     r"\(at most 2\); attempt 2 did not start", flat(output)), output[-4000:]
-    assert "attempt 2 of at most 2" not in flat(output)
+                     r"\(at most 3\); attempt 2 did not start", flat(output)), output[-4000:]
+    assert "attempt 3" not in flat(output)
+    job_dir = site.workspace / "jobs" / "e2e-down"
+    assert not (job_dir / "attempts/2").exists()
+    # train.yml could not disable node3's unit: at boot its launcher finds the job over and the unit disables itself.
+    site.boot("node3")
+    deadline = time.time() + 120
+    while site.ssh("node3", "systemctl is-enabled dglkit-job", check=False).stdout.strip() != "disabled":
+        assert time.time() < deadline, (job_dir / "nodes/node3/unit.log").read_text()[-3000:]
+        time.sleep(1)
+    unit_log = (job_dir / "nodes/node3/unit.log").read_text()
+    assert "the job failed on node node3 (a node it needs is gone): nothing to do on node3" in unit_log, unit_log
+    assert_clean(site)

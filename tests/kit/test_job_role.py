@@ -111,14 +111,15 @@ def test_a_job_id_set_by_the_user_is_kept(records: dict) -> None:
 
 
 def test_job_json_is_what_the_launcher_and_trainer_accept(records: dict, tmp_path: Path) -> None:
-    from dglkit import launch, train
+    from dglkit import train
+    from dglkit.launcher import options
 
     defaults = ids(records, "defaults")
     config = tmp_path / "job.json"
     config.write_text(json.dumps(defaults["job_json"]))
     parser = argparse.ArgumentParser()
-    launch.add_arguments(parser)
-    cfg = launch.settings(parser.parse_args(["--config", str(config), "--node-name", "node2"]))
+    options.add_arguments(parser)
+    cfg = options.settings(parser.parse_args(["--config", str(config), "--node-name", "node2"]))
     assert cfg.job_dir == defaults["dir"]
     assert cfg.ip_config == "/srv/dglkit/ip_config.txt"
     assert cfg.part_config == f"/srv/dglkit/partitions/{defaults['partition']}/synthetic.json"
@@ -137,22 +138,22 @@ def test_job_json_is_what_the_launcher_and_trainer_accept(records: dict, tmp_pat
 
 
 def test_a_user_program_has_its_own_job_id_and_command_in_job_json(records: dict, tmp_path: Path) -> None:
-    from dglkit import launch
+    from dglkit.launcher import options
 
     defaults, program = ids(records, "defaults"), ids(records, "program")
     assert program["job"].startswith("train_dist-synthetic-2w-") and program["partition"] == defaults["partition"]
     config = tmp_path / "job.json"
     config.write_text(json.dumps(program["job_json"]))
     parser = argparse.ArgumentParser()
-    launch.add_arguments(parser)
-    cfg = launch.settings(parser.parse_args(["--config", str(config)]))
+    options.add_arguments(parser)
+    cfg = options.settings(parser.parse_args(["--config", str(config)]))
     assert cfg.command == "python3 train_dist.py --graph_name {graph_name} --ip_config {ip_config}"
     assert cfg.program_dir == "/srv/dglkit/programs/train_dist-0123456789ab" and cfg.train_args == [] and cfg.train == {}
     assert cfg.python_env == "/srv/dglkit/program-envs/train_dist-ba9876543210"
 
 
 def test_node_data_names_make_another_job_and_reach_the_launcher(records: dict, tmp_path: Path) -> None:
-    from dglkit import launch
+    from dglkit.launcher import options
 
     program, named = ids(records, "program"), ids(records, "program-names")
     assert named["job"] != program["job"] and named["partition"] == program["partition"]
@@ -160,8 +161,8 @@ def test_node_data_names_make_another_job_and_reach_the_launcher(records: dict, 
     config = tmp_path / "job.json"
     config.write_text(json.dumps(named["job_json"]))
     parser = argparse.ArgumentParser()
-    launch.add_arguments(parser)
-    cfg = launch.settings(parser.parse_args(["--config", str(config)]))
+    options.add_arguments(parser)
+    cfg = options.settings(parser.parse_args(["--config", str(config)]))
     assert cfg.node_data_names == {"feat": "features", "paper": {"labels": "label"}}
 
 
@@ -179,10 +180,10 @@ def test_job_json_of_a_resized_cluster_uses_the_new_partition(records: dict) -> 
     ("builder", "dgl_job_partition_builder must be one of: lean, dgl, distributed, got: metis"),
     ("task", "value of dgl_job_task must be one of: node_classification, link_prediction, got: regression"),
     ("hetero-links", "dgl_job_task=link_prediction runs on homogeneous graphs; synthetic-hetero is heterogeneous"),
-    ("weight-decay", "dgl_job_weight_decay must be >= 0"),
-    ("fan-out-layers", "dgl_job_fan_out=5,10,15 needs 2 values, one per layer"),
-    ("dropout", "dgl_job_dropout=1.5: use a value in [0, 1)"),
-    ("trainers", "dgl_job_trainers must be >= 1"),
+    ("weight-decay", "dgl_job_weight_decay=-0.1: use a value >= 0"),
+    ("fan-out-layers", "dgl_job_fan_out=5,10,15: needs 2 values, one per layer"),
+    ("dropout", "dgl_job_dropout=1.5: use a value >= 0 and < 1"),
+    ("trainers", "dgl_job_trainers=0: use a value >= 1"),
     ("files-path", "dgl_job_dataset=files needs dgl_job_files_path"),
     ("chunked-path", "dgl_job_dataset=chunked needs dgl_job_chunked_path"),
     ("job-id", "dgl_job_id=../elsewhere: use letters, digits, ., _ and - only, starting with a letter or digit"),

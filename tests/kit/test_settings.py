@@ -42,3 +42,25 @@ def test_an_edited_file_is_named_and_make_settings_restores_it(tmp_path: Path) -
     assert check.returncode == 1 and settings.SAMPLE_FILE in check.stderr and settings.DOCS_FILE not in check.stderr
     subprocess.run([*command, "--write"], cwd=REPO / "app", check=True, capture_output=True, timeout=60)
     assert sample.read_text() == (REPO / settings.SAMPLE_FILE).read_text()
+
+
+def test_other_roles_take_the_declared_defaults(tmp_path: Path) -> None:
+    """dgl_dataset, dgl_job_control, firewall and the kit-wide dglkit_server_port default to the declared value,
+    and an edited one is named like any generated file."""
+    for name, mirrored in settings.MIRRORS.items():
+        data = yaml.safe_load((REPO / name).read_text())
+        for var, setting in mirrored:
+            if "argument_specs" in name:
+                value = next(entry["options"][var]["default"] for entry in data["argument_specs"].values()
+                             if var in entry.get("options", {}))
+            else:
+                value = data[var]
+            assert value == settings.SETTINGS[setting].default, (name, var)
+    for name in settings.rendered(REPO):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(REPO / name, tmp_path / name)
+    firewall = tmp_path / "roles/firewall/defaults/main.yml"
+    firewall.write_text(firewall.read_text().replace("firewall_rendezvous_port: 29500", "firewall_rendezvous_port: 29501"))
+    check = subprocess.run([sys.executable, "-m", "dglkit", "settings", "--root", str(tmp_path)], cwd=REPO / "app",
+                           capture_output=True, text=True, timeout=60)
+    assert check.returncode == 1 and "roles/firewall/defaults/main.yml" in check.stderr, check.stderr

@@ -145,6 +145,11 @@ def test_the_process_that_failed_first_is_blamed_not_the_node_that_noticed_first
       ("node", "node(s) node3 did not come back within 15 s", None, False)], True,
      ["failed on node3: node: node(s) node3 did not come back within 15 s", "1 attempt ran (at most 2)",
       "attempt 2 did not start"], ["attempt 2 of at most 2", "same error"]),
+    # ... with two restarts, as a launcher that waited at the barrier once per restart left it: one attempt ran.
+    ([("node", "node node3 silent: its status.json is 31 s old", None, True),
+      ("node", "node(s) node3 did not come back within 15 s", None, False),
+      ("node", "node(s) node3 did not come back within 15 s", None, False)], True,
+     ["1 attempt ran (at most 3)", "attempt 3 did not start"], ["2 attempts ran", "same error"]),
 ])
 def test_the_message_tells_the_attempts_that_ran(cli, tmp_path, attempts, checkpoint, expected, unexpected):
     (tmp_path / "job.json").write_text(json.dumps({"max_restarts": len(attempts) - 1, "nodes": ["node2", "node3"]}))

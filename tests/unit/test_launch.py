@@ -148,7 +148,7 @@ def test_stalled_trainer_stops_the_job(partition_1, tmp_path):
     """A frozen trainer (SIGSTOP) blocks its peer in all-reduce forever: only the stall detector ends that."""
     job_dir = tmp_path / "job"
     shm_before = set(os.listdir("/dev/shm"))
-    launch, ports = start_local_job(job_dir, partition_1, "n1", "--stall-timeout", 8, "--grace", 3,
+    launch, ports = start_local_job(job_dir, partition_1, "n1", "--stall-timeout", 10, "--grace", 3,
                                     train_args=ENDLESS_TRAIN_ARGS)
     node_dir = job_dir / "nodes/n1"
     wait_for_first_epoch(launch, node_dir / "trainer-0.log")
@@ -158,9 +158,9 @@ def test_stalled_trainer_stops_the_job(partition_1, tmp_path):
     stopped = time.time()
 
     assert launch.wait(timeout=60) == 1
-    assert 8 <= time.time() - stopped < 30
+    assert 10 <= time.time() - stopped < 30
     failed = json.loads((job_dir / "FAILED").read_text())
-    assert failed["process"].startswith("trainer-") and "heartbeat did not change for 8 s" in failed["reason"]
+    assert failed["process"].startswith("trainer-") and "heartbeat did not change for 10 s" in failed["reason"]
     assert_job_gone(job_dir, ports, shm_before)
 
 
@@ -217,12 +217,12 @@ def test_job_json_with_an_unknown_key_is_refused(cli, tmp_path):
 def test_flags_override_job_json(tmp_path):
     import argparse
 
-    from dglkit import launch
+    from dglkit.launcher import options
 
     (tmp_path / "job.json").write_text(json.dumps({"num_trainers": 4, "train_args": ["--lr", "0.1"]}))
     parser = argparse.ArgumentParser()
-    launch.add_arguments(parser)
-    cfg = launch.settings(parser.parse_args(["--config", str(tmp_path / "job.json"), "--num-trainers", "2"]))
+    options.add_arguments(parser)
+    cfg = options.settings(parser.parse_args(["--config", str(tmp_path / "job.json"), "--num-trainers", "2"]))
     assert cfg.num_trainers == 2 and cfg.train_args == ["--lr", "0.1"] and cfg.job_dir == str(tmp_path)
     assert cfg.trainer_threads == max((os.cpu_count() or 1) // 2 // 2, 1)
 

@@ -71,29 +71,29 @@ def test_values_given_as_strings_are_the_same_job() -> None:
     ({"task": "link_prediction", "graphbolt": "true"},
      "dgl_job_task=link_prediction with dgl_job_graphbolt=true: DGL 2.1's GraphBolt samples nodes only, not the "
      "edges link prediction trains on (find_edges is not supported in GraphBolt); set dgl_job_graphbolt=false"),
-    ({"weight_decay": -0.1}, "dgl_job_weight_decay must be >= 0 and dgl_job_sparse_lr > 0"),
-    ({"sparse_lr": 0}, "dgl_job_weight_decay must be >= 0 and dgl_job_sparse_lr > 0"),
-    ({"eval_negs": 0}, "dgl_job_num_negs and dgl_job_eval_negs must be >= 1"),
+    ({"weight_decay": -0.1}, "dgl_job_weight_decay=-0.1: use a value >= 0"),
+    ({"sparse_lr": 0}, "dgl_job_sparse_lr=0: use a value > 0"),
+    ({"eval_negs": 0}, "dgl_job_eval_negs=0: use a value >= 1"),
     ({"task": "link_prediction", "link_val_frac": 0.5, "link_test_frac": 0.5},
-     "dgl_job_link_val_frac and dgl_job_link_test_frac must be > 0 with a sum < 1"),
-    ({"task": "link_prediction", "link_test_frac": 0}, "dgl_job_link_val_frac and dgl_job_link_test_frac must be > 0"),
+     "dgl_job_link_val_frac and dgl_job_link_test_frac must have a sum < 1"),
+    ({"task": "link_prediction", "link_test_frac": 0}, "dgl_job_link_test_frac=0: use a value > 0 and < 1"),
     ({"dataset": "files"}, "dgl_job_dataset=files needs dgl_job_files_path (a .npz file or a directory on the "
                            "storage host)"),
     ({"dataset": "chunked"}, "dgl_job_dataset=chunked needs dgl_job_chunked_path (the directory of its metadata.json"),
     ({"id": "../elsewhere"}, "dgl_job_id=../elsewhere: use letters, digits, ., _ and - only, starting with a letter "
                              "or digit (it names a directory)"),
     ({"id": ".."}, "dgl_job_id=..: '.' and '..' are not names (it names a directory)"),
-    ({"fan_out": [5, 10, 15]}, "dgl_job_fan_out=5,10,15 needs 2 values, one per layer (dgl_job_layers)"),
+    ({"fan_out": [5, 10, 15]}, "dgl_job_fan_out=5,10,15: needs 2 values, one per layer (dgl_job_layers=2)"),
     ({"fan_out": [0, -1]}, "dgl_job_fan_out=0,-1: use values >= 1, or -1 for all neighbours"),
-    ({"trainers": 0, "epochs": 0}, "dgl_job_epochs, dgl_job_trainers must be >= 1"),
-    ({"samplers": -1}, "dgl_job_samplers must be >= 0"),
-    ({"dropout": 1.5}, "dgl_job_dropout=1.5: use a value in [0, 1)"),
-    ({"lr": "0"}, "dgl_job_lr=0: use a positive learning rate"),
-    ({"stall_timeout": 5}, "dgl_job_stall_timeout and dgl_job_stale_after must be >= 10, dgl_job_poll_seconds >= 1"),
-    ({"poll_seconds": 0}, "dgl_job_stall_timeout and dgl_job_stale_after must be >= 10, dgl_job_poll_seconds >= 1"),
-    ({"progress_seconds": -1}, "and dgl_job_progress_seconds >= 0"),
-    ({"restart_wait": 5}, "dgl_job_max_restarts and dgl_job_checkpoint_every must be >= 0 and dgl_job_restart_wait >= 10"),
-    ({"checkpoint_every": -1}, "dgl_job_max_restarts and dgl_job_checkpoint_every must be >= 0"),
+    ({"trainers": 0, "epochs": 0}, "dgl_job_epochs=0: use a value >= 1; dgl_job_trainers=0: use a value >= 1"),
+    ({"samplers": -1}, "dgl_job_samplers=-1: use a value >= 0"),
+    ({"dropout": 1.5}, "dgl_job_dropout=1.5: use a value >= 0 and < 1"),
+    ({"lr": "0"}, "dgl_job_lr=0: use a value > 0"),
+    ({"stall_timeout": 5}, "dgl_job_stall_timeout=5: use a value >= 10"),
+    ({"poll_seconds": 0}, "dgl_job_poll_seconds=0: use a value >= 1"),
+    ({"progress_seconds": -1}, "dgl_job_progress_seconds=-1: use a value >= 0"),
+    ({"restart_wait": 5}, "dgl_job_restart_wait=5: use a value >= 10"),
+    ({"checkpoint_every": -1}, "dgl_job_checkpoint_every=-1: use a value >= 0"),
     ({"memory_max": "8GB"}, "dgl_job_memory_max=8GB: use bytes with K, M, G or T (e.g. 48G), a percentage of the "
                             "node's memory (80%), or empty"),
     ({"cpu_quota": 2}, "dgl_job_cpu_quota=2: use a percentage of one core (400% = four cores), or empty"),
@@ -112,9 +112,9 @@ def test_each_bad_setting_is_refused_with_what_to_fix(settings: dict, message: s
 
 def test_every_error_is_reported_at_once_and_nothing_else() -> None:
     out = planned(dropout=2, lr=-1, dataset="files")
-    assert out == {"errors": ["dgl_job_dataset=files needs dgl_job_files_path (a .npz file or a directory on the "
-                              "storage host)", "dgl_job_dropout=2: use a value in [0, 1)",
-                              "dgl_job_lr=-1: use a positive learning rate"]}
+    assert out == {"errors": ["dgl_job_dropout=2: use a value >= 0 and < 1", "dgl_job_lr=-1: use a value > 0",
+                              "dgl_job_dataset=files needs dgl_job_files_path (a .npz file or a directory on the "
+                              "storage host)"]}
 
 
 def test_good_settings_pass() -> None:
@@ -182,3 +182,24 @@ def test_the_trainer_defaults_are_the_declared_ones() -> None:
         if setting.reader == settings.TRAINER:
             assert getattr(args, setting.dest) == setting.train_value(setting.default), setting.name
     assert set(settings.SETTINGS["task"].choices) == {task for task, _ in train.TASK_MODULES}
+
+
+def test_plan_trainer_and_launcher_apply_the_same_declared_checks(cli, partition_1, tmp_path) -> None:
+    """One rule per setting (dglkit.settings): what plan refuses in dgl_job_*, the trainer and the launcher refuse
+    in their flags, with the same advice."""
+    assert "dgl_job_stall_timeout=5: use a value >= 10" in errors(stall_timeout=5)
+    code, _, err = cli("launch", "--job-dir", tmp_path / "job", "--local", "--part-config", partition_1,
+                       "--stall-timeout", 5)
+    assert code == 2 and "--stall-timeout 5: use a value >= 10 (job setting dgl_job_stall_timeout)" in err, err
+    assert "dgl_job_master_port=70000: use a value >= 1 and <= 65535" in errors(master_port=70000)
+    code, _, err = cli("launch", "--job-dir", tmp_path / "job", "--local", "--part-config", partition_1,
+                       "--master-port", 70000)
+    assert code == 2 and "--master-port 70000: use a value >= 1 and <= 65535" in err, err
+    ip_config = tmp_path / "ip_config.txt"
+    ip_config.write_text("127.0.0.1 30050\n")
+    assert "dgl_job_epochs=0: use a value >= 1" in errors(epochs=0)
+    code, _, err = cli("train", "--ip-config", ip_config, "--part-config", partition_1, "--num-epochs", 0)
+    assert code == 2 and "--num-epochs 0: use a value >= 1" in err, err
+    assert "dgl_job_fan_out=5,10,15: needs 2 values, one per layer" in errors(fan_out=[5, 10, 15])
+    code, _, err = cli("train", "--ip-config", ip_config, "--part-config", partition_1, "--fan-out", "5,10,15")
+    assert code == 2 and "--fan-out 5,10,15: needs 2 values, one per layer (--num-layers 2)" in err, err

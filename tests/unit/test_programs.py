@@ -14,7 +14,10 @@ import psutil
 import pytest
 import yaml
 
-from dglkit import launch, nodedata
+from dglkit import nodedata
+from dglkit.common import UserError
+from dglkit.launcher import command as launch_command
+from dglkit.launcher import preflight, start
 from localjob import assert_job_gone, build, free_ports, start_launch
 
 REPO = Path(__file__).resolve().parents[2]
@@ -28,21 +31,21 @@ NAMES = json.dumps({"feat": "features"})
 
 def test_the_role_knows_the_launchers_placeholders():
     role_vars = yaml.safe_load((REPO / "roles/dgl_program/vars/main.yml").read_text())
-    assert role_vars["__dgl_program_placeholders"] == list(launch.PLACEHOLDERS)
+    assert role_vars["__dgl_program_placeholders"] == list(launch_command.PLACEHOLDERS)
 
 
 def test_placeholders_are_replaced_by_quoted_values_and_shell_variables_kept():
-    expanded = launch.expand("python3 t.py --g {graph_name} --n {num_machines} ${HOME} {a,b}",
+    expanded = launch_command.expand("python3 t.py --g {graph_name} --n {num_machines} ${HOME} {a,b}",
                              {"graph_name": "my graph", "num_machines": 2})
     assert expanded == "python3 t.py --g 'my graph' --n 2 ${HOME} {a,b}"
-    with pytest.raises(launch.UserError, match=r"unknown placeholder\(s\) \{graf\}.*known: \{ip_config\}"):
-        launch.expand("python3 t.py {graf}", {"graph_name": "g"})
+    with pytest.raises(UserError, match=r"unknown placeholder\(s\) \{graf\}.*known: \{ip_config\}"):
+        launch_command.expand("python3 t.py {graf}", {"graph_name": "g"})
 
 
 def test_a_trainer_gets_the_ranks_and_rendezvous_that_torchrun_would_give_it():
     # Trainer 1 of machine 2 (3 machines, 2 trainers each), as `torchrun --nnodes=3 --node_rank=2
     # --nproc_per_node=2 --master_addr=10.0.0.1 --master_port=29500` sets it for its second process.
-    env = launch.trainer_environment(5, 1, 2, 3, 2, "10.0.0.1", 29500)
+    env = start.trainer_environment(5, 1, 2, 3, 2, "10.0.0.1", 29500)
     assert {key: env[key] for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
                                       "MASTER_ADDR", "MASTER_PORT")} == {
         "RANK": "5", "LOCAL_RANK": "1", "WORLD_SIZE": "6", "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "2",
@@ -68,10 +71,10 @@ def test_the_pre_flight_checks_job_json_ahead_but_leaves_the_earlier_run_and_the
     job_dir = tmp_path / "job"
     config = {"local": True, "part_config": str(partition_1), "job_dir": str(job_dir), "program_dir": str(PROGRAM),
               "server_port": free_ports(2), "master_port": free_ports(1), "command": COMMAND}
-    assert launch.check_ahead(config, "n1") == {"checked": True, "error": None}
+    assert preflight.check_ahead(config, "n1") == {"checked": True, "error": None}
     # The placeholders, the command's programs and script: as `launch --check` says.
-    assert "unknown placeholder(s) {graf}" in launch.check_ahead({**config, "command": COMMAND + " {graf}"}, "n1")["error"]
-    assert "train.py, which is not in" in launch.check_ahead({**config, "command": "python3 train.py"}, "n1")["error"]
+    assert "unknown placeholder(s) {graf}" in preflight.check_ahead({**config, "command": COMMAND + " {graf}"}, "n1")["error"]
+    assert "train.py, which is not in" in preflight.check_ahead({**config, "command": "python3 train.py"}, "n1")["error"]
     # An earlier run that failed or was stopped: train.yml moves its FAILED and STOP to history/ before the start.
     job_dir.mkdir()
     (job_dir / "FAILED").write_text(json.dumps({"node": "n1", "attempt": 1}))
@@ -79,9 +82,10 @@ def test_the_pre_flight_checks_job_json_ahead_but_leaves_the_earlier_run_and_the
     with socket.socket() as holder:  # the server port in use: `control ready` judges the ports (an attach is no fault)
         holder.bind(("127.0.0.1", config["server_port"]))
         holder.listen()
-        assert launch.check_ahead(config, "n1") == {"checked": True, "error": None}
+        assert preflight.check_ahead(config, "n1") == {"checked": True, "error": None}
     # A partition still to be made: train.yml runs `launch --check` once it is there.
-    assert launch.check_ahead({**config, "part_config": str(tmp_path / "none.json")}, "n1") == {"checked": False, "error": None}
+    unmade = {**config, "part_config": str(tmp_path / "none.json")}
+    assert preflight.check_ahead(unmade, "n1") == {"checked": False, "error": None}
 
 
 @pytest.mark.parametrize("command, expected", [
@@ -91,7 +95,7 @@ def test_the_pre_flight_checks_job_json_ahead_but_leaves_the_earlier_run_and_the
     ("python3 /elsewhere/train.py", "python3 /elsewhere/train.py"),
 ])
 def test_the_script_and_relative_programs_are_named_in_the_program_dir(command, expected):
-    assert launch.in_program_dir(command, PROGRAM) == expected
+    assert launch_command.in_program_dir(command, PROGRAM) == expected
 
 
 @pytest.mark.parametrize("command, error", [
@@ -148,7 +152,7 @@ def test_a_program_silent_longer_than_the_stall_timeout_trains_with_launchpys_en
         partition_1, program_site, tmp_path, dglkit):
     job_dir = tmp_path / "job"
     shm_before = set(os.listdir("/dev/shm"))
-    launch_proc, ports = start_program(job_dir, partition_1, program_site, "--stall-timeout", 5,
+    launch_proc, ports = start_program(job_dir, partition_1, program_site, "--stall-timeout", 10,
                                        command=COMMAND + " --quiet_seconds 15")
     status_file = job_dir / "nodes/n1/status.json"
     wait_for_text(launch_proc, job_dir / "metrics.jsonl", '"epoch"')

@@ -10,8 +10,17 @@ import psutil
 import pytest
 
 from dglkit.common import read_json
-from dglkit.launch import HeartbeatWatch
-from localjob import assert_job_gone, checkpointed_epochs, epochs_done, kill_trainer_after, start_local_job
+from dglkit.launcher.supervise import HeartbeatWatch
+from localjob import (
+    TRAIN_ARGS,
+    assert_job_gone,
+    checkpointed_epochs,
+    epochs_done,
+    free_ports,
+    kill_trainer_after,
+    start_launch,
+    start_local_job,
+)
 
 
 def start_restartable_job(job_dir: Path, part_config: Path, epochs: int):
@@ -125,3 +134,49 @@ def test_heartbeats_are_judged_by_the_launchers_clock(tmp_path):
     assert watch.stalled(0.2) == beat
     beat.write_text("2\n")
     assert watch.stalled(0.2) is None
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_node_that_never_comes_back_fails_the_job_at_the_first_barrier(cli, partition_2, tmp_path):
+    """Node b is gone (its launcher never starts): attempt 1 fails it as silent, the barrier waits for it once, and
+    attempt 2, which cannot start, is the job's last whatever restarts are left, naming b."""
+    job_dir = tmp_path / "job"
+    job_dir.mkdir()
+    servers, master = free_ports(2), free_ports(1)
+    (job_dir / "ip_config.txt").write_text(f"127.0.0.1 {servers}\n127.0.0.1 {servers + 1}\n")
+    shm_before = set(os.listdir("/dev/shm"))
+    (job_dir / "job.json").write_text(json.dumps({
+        "ip_config": str(job_dir / "ip_config.txt"), "part_config": str(partition_2), "machine_id": 0, "nodes": ["a", "b"],
+        "master_port": master, "max_restarts": 2, "restart_wait": 10, "stale_after": 10, "grace": 5,
+        "train_args": TRAIN_ARGS}))
+    launch = start_launch(job_dir, "--config", job_dir / "job.json", "--node-name", "a")
+    assert launch.wait(timeout=240) == 1, (job_dir / "launch.out").read_text()[-3000:]
+    failed = json.loads((job_dir / "FAILED").read_text())
+    assert (failed["attempt"], failed["node"], failed["started"]) == (2, "b", False), failed
+    assert "b did not come back within 10 s" in failed["reason"]
+    assert not (job_dir / "attempts/2").exists()
+    status = json.loads((job_dir / "nodes/a/status.json").read_text())
+    assert status["state"] == "failed" and "a node it needs is gone: not restarting" in status["reason"], status
+    code, watched, _ = cli("watch", "--job-dir", job_dir, "--nodes", "a,b", "--stale-after", 600)
+    assert watched["state"] == "failed" and watched["failed_node"] == "b", watched
+    assert "1 attempt ran (at most 3); attempt 2 did not start" in watched["message"], watched["message"]
+    assert_job_gone(job_dir, [servers, servers + 1, master], shm_before)
+
+
+def test_a_launcher_that_starts_after_the_job_failed_does_nothing_and_succeeds(cli, partition_1, tmp_path):
+    """A host that was down when the job failed for good boots with the job's unit enabled: its launcher exits 0
+    (so the unit disables itself) and starts nothing; `--check` still refuses the job directory."""
+    job_dir = tmp_path / "job"
+    (job_dir / "attempts/1").mkdir(parents=True)
+    record = {"node": "n3", "process": "node", "reason": "node(s) n3 did not come back within 15 s", "attempt": 2,
+              "started": False}
+    (job_dir / "attempts/1/FAILED").write_text(json.dumps({**record, "attempt": 1, "started": True}))
+    (job_dir / "FAILED").write_text(json.dumps(record))
+    args = ("launch", "--job-dir", job_dir, "--local", "--part-config", partition_1, "--node-name", "n3",
+            "--max-restarts", 1, "--server-port", free_ports(2), "--master-port", free_ports(1))
+    code, result, err = cli(*args)
+    assert code == 0 and result["state"] == "failed" and not (job_dir / "nodes").exists(), (result, err)
+    assert "the job failed on node n3 (no restarts left): nothing to do on n3" in err, err
+    code, _, err = cli(*args, "--check")
+    assert code == 2 and "FAILED exists: the job failed on node n3" in err, err
