@@ -94,6 +94,18 @@ def test_fifos_and_hard_links_in_the_home_neither_hang_nor_leak(site: Cluster) -
     assert_repaired(site)
 
 
+def test_a_workspace_the_account_can_write_is_refused_before_root_writes_there(site: Cluster) -> None:
+    site.workspace.chmod(0o777)
+    try:
+        run = site.playbook("site.yml", check=False)
+    finally:
+        site.workspace.chmod(0o755)
+    assert run.returncode != 0
+    assert ("/srv/dglkit (dglkit_workspace) belongs to uid 0 with mode 777: root writes the venv, app/ and "
+            "ip_config.txt there, so it must be root's and writable by root alone") in flat(run.output), run.output[-3000:]
+    assert run.changed_hosts() == [], run.recap
+
+
 def test_remove_node_removes_a_linked_ssh_directory_and_leaves_its_target_alone(site: Cluster) -> None:
     before = make_targets(site)
     site.ssh("node3", as_job_user(f"rm -rf {HOME}/.ssh && ln -s {TARGET} {HOME}/.ssh"))
