@@ -31,7 +31,7 @@ TARGET_STATE = (f"stat -c '%n %U %G %a %h %s %Y' {TARGET} {TARGET}/*; sha1sum {T
 HOME_STATE = (f"cd {HOME} && stat -c '%n %F %U %a' .ansible .ansible/tmp .ssh && "
               "stat -c '%n %F %U %a %h' .ssh/dglkit_ed25519 .ssh/dglkit_ed25519.pub .ssh/authorized_keys")
 REPAIRED = [".ansible directory dglkit 700", ".ansible/tmp directory dglkit 700", ".ssh directory dglkit 700",
-            ".ssh/dglkit_ed25519 regular file dglkit 600 1", ".ssh/dglkit_ed25519.pub regular file dglkit 644 1",
+            ".ssh/dglkit_ed25519 regular file dglkit 600 1", ".ssh/dglkit_ed25519.pub regular file dglkit 600 1",
             ".ssh/authorized_keys regular file dglkit 600 1"]
 
 
