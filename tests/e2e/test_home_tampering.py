@@ -72,6 +72,12 @@ def test_links_in_the_home_lead_root_nowhere(site: Cluster) -> None:
     site.ssh("node2", as_job_user(f"rm -rf {HOME}/.ssh && ln -s {TARGET} {HOME}/.ssh"))
     site.ssh("node3", as_job_user(f"rm -rf {HOME}/.ansible/tmp && ln -s {TARGET} {HOME}/.ansible/tmp && "
                                   f"ln -sf {TARGET}/authorized_keys {HOME}/.ssh/authorized_keys"))
+    planted = {host: site.ssh(host, f"ls -la {HOME} {HOME}/.ansible {HOME}/.ssh").stdout for host in site.hosts()}
+    # --check names every host whose home it would repair, and changes nothing.
+    check = site.playbook("site.yml", "--check", check=False, timeout=900)
+    assert check.returncode == 0 and check.changed_hosts() == sorted(site.hosts()), check.output[-4000:]
+    assert targets(site) == before
+    assert {host: site.ssh(host, f"ls -la {HOME} {HOME}/.ansible {HOME}/.ssh").stdout for host in site.hosts()} == planted
     run = site.playbook("site.yml", check=False, timeout=900)
     assert targets(site) == before
     assert run.returncode == 0 and "Traceback" not in run.output, run.output[-4000:]
