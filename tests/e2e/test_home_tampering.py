@@ -107,8 +107,10 @@ def test_a_workspace_the_account_can_write_is_refused_before_root_writes_there(s
     finally:
         site.workspace.chmod(0o755)
     assert run.returncode != 0
+    # The message as Ansible's YAML output quotes it (root''s).
     assert ("/srv/dglkit (dglkit_workspace) belongs to uid 0 with mode 777: root writes the venv, app/ and "
-            "ip_config.txt there, so it must be root's and writable by root alone") in flat(run.output), run.output[-3000:]
+            "ip_config.txt there, so it must be root''s and writable by root alone (chown root:root /srv/dglkit; "
+            "chmod go-w /srv/dglkit)") in flat(run.output), run.output[-3000:]
     assert run.changed_hosts() == [], run.recap
 
 
