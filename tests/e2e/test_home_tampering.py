@@ -73,13 +73,14 @@ def test_links_in_the_home_lead_root_nowhere(site: Cluster) -> None:
     site.ssh("node3", as_job_user(f"rm -rf {HOME}/.ansible/tmp && ln -s {TARGET} {HOME}/.ansible/tmp && "
                                   f"ln -sf {TARGET}/authorized_keys {HOME}/.ssh/authorized_keys"))
     planted = {host: site.ssh(host, f"ls -la {HOME} {HOME}/.ansible {HOME}/.ssh").stdout for host in site.hosts()}
-    # --check names every host whose home it would repair, and changes nothing.
+    # --check names every host whose home it would repair, and changes nothing; then the real run.
     check = site.playbook("site.yml", "--check", check=False, timeout=900)
-    assert check.returncode == 0 and check.changed_hosts() == sorted(site.hosts()), check.output[-4000:]
-    assert targets(site) == before
-    assert {host: site.ssh(host, f"ls -la {HOME} {HOME}/.ansible {HOME}/.ssh").stdout for host in site.hosts()} == planted
+    after_check = ({host: site.ssh(host, f"ls -la {HOME} {HOME}/.ansible {HOME}/.ssh").stdout for host in site.hosts()},
+                   targets(site))
     run = site.playbook("site.yml", check=False, timeout=900)
     assert targets(site) == before
+    assert after_check == (planted, before)
+    assert check.returncode == 0 and check.changed_hosts() == sorted(site.hosts()), check.output[-4000:]
     assert run.returncode == 0 and "Traceback" not in run.output, run.output[-4000:]
     assert_repaired(site)
     assert site.playbook("site.yml").changed_hosts() == []
