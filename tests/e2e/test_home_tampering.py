@@ -119,7 +119,7 @@ def test_remove_node_removes_a_linked_ssh_directory_and_leaves_its_target_alone(
     before = make_targets(site)
     site.ssh("node3", as_job_user(f"rm -rf {HOME}/.ssh && ln -s {TARGET} {HOME}/.ssh"))
     run = site.playbook("playbooks/remove_node.yml", "-e", "dglkit_remove_nodes=node3", check=False, timeout=900)
+    assert targets(site) == before
     assert run.returncode == 0 and "Traceback" not in run.output, run.output[-4000:]
     assert "node3 left the cluster" in flat(run.output)
-    assert targets(site) == before
     assert site.ssh("node3", f"ls -A {HOME}; test ! -e {HOME}/.ssh -a ! -L {HOME}/.ssh && echo gone").stdout.split()[-1] == "gone"
