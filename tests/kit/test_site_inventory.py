@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -30,6 +31,8 @@ FIREWALL_ADDRESSES = {f"node{n}": {"dglkit_cluster_address": f"10.77.250.{10 + n
 OWN_ADDRESSES = ([f"127.0.0.{10 + n}" for n in range(1, 10)] + ["127.0.5.2"]
                  + [v["dglkit_cluster_address"] for v in FIREWALL_ADDRESSES.values()])
 NAMES = "127.0.9.9 elsewhere.kit.test\n"
+# The workspaces of the runs below, each in a directory of its own.
+WORK = Path("/var/lib/dglkit-kit-tests")
 # $0: a directory of files to bind over /etc's (hosts always; passwd and group for the account checks). A /run
 # of its own: site.yml takes its lock there on the storage host, which is this machine for every run at once.
 NETNS = ('for f in "$0"/*; do mount --bind "$f" "/etc/${f##*/}"; done; mount -t sysfs sysfs /sys; '
@@ -211,7 +214,7 @@ def leaving_run(root: Path) -> list[Run]:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[Run]]:
+def runs() -> Iterator[dict[str, list[Run]]]:
     # case -> job(directory of its own) -> runs
     jobs: dict[str, Callable[[Path], list[Run]]] = {
         "good": lambda root: [site(make_inventory(root, ["node1"], ["node2", "node3"],
@@ -252,10 +255,15 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[Run]]:
     for case, (facts, _) in BAD_PLATFORMS.items():
         jobs[case] = lambda root, f=facts: [site(make_inventory(root, ["node1"], ["node2"]),
                                                  "--limit", "localhost,node2", "-e", json.dumps(f))]
-    base = tmp_path_factory.mktemp("site")
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        futures = {case: pool.submit(job, base / case) for case, job in jobs.items()}
-        return {case: future.result() for case, future in futures.items()}
+    # Not under /tmp (pytest's base): the inventory check refuses a workspace where every account can create files.
+    WORK.mkdir(parents=True, exist_ok=True)
+    base = Path(tempfile.mkdtemp(prefix="site-", dir=WORK))
+    try:
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            futures = {case: pool.submit(job, base / case) for case, job in jobs.items()}
+            yield {case: future.result() for case, future in futures.items()}
+    finally:
+        shutil.rmtree(base)
 
 
 def test_a_good_inventory_passes(runs: dict[str, list[Run]]) -> None:
