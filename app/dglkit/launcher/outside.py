@@ -14,11 +14,12 @@ PEER_SETTLE = 3.0
 
 
 def peer_failed_first(node: Node) -> bool:
-    """Another node's failure of this attempt, recorded within PEER_SETTLE seconds (this node then stops as
-    for any other node's failure and leaves the record to it)."""
+    """Another node's failure of this attempt, or a stop request, seen within PEER_SETTLE seconds (this node then
+    stops as for any other node's failure, or as stopped, and leaves the record to it): stop.yml writes STOP before
+    it stops the units, so a trainer may lose its peer on another node before this node's unit is stopped."""
     deadline = time.monotonic() + (PEER_SETTLE if len(node.nodes) > 1 else 0)
     while time.monotonic() < deadline:
-        if node.failed_record() is not None:
+        if node.failed_record() is not None or (node.job_dir / "STOP").exists():
             return check_outside(node)
         time.sleep(POLL)
     return False

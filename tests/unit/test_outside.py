@@ -1,0 +1,30 @@
+"""dglkit/launcher/outside.py: what a launcher makes of a trainer that exits with an error while something outside
+this node is under way."""
+import argparse
+import threading
+from pathlib import Path
+
+from dglkit.launcher.node import Node
+from dglkit.launcher.outside import peer_failed_first
+
+
+def node_of(job_dir: Path) -> Node:
+    node_dir = job_dir / "nodes" / "n1"
+    node_dir.mkdir(parents=True)
+    cfg = argparse.Namespace(node_name="n1", nodes=["n1", "n2"], max_restarts=2)
+    return Node(cfg, {"job_dir": job_dir, "node_dir": node_dir})
+
+
+def test_a_trainer_that_lost_its_peer_during_a_stop_is_stopped_not_failed(tmp_path: Path):
+    """stop.yml writes STOP, then stops every unit: a trainer here may lose its peer on another node and exit with
+    an error before this node's own unit is stopped. Within the settle time the STOP shows: the node stops, and no
+    FAILED is written (which would end the stop as a failure)."""
+    node = node_of(tmp_path)
+    threading.Timer(0.5, (tmp_path / "STOP").touch).start()
+    assert peer_failed_first(node) is True
+    assert node.state == "stopped" and not (tmp_path / "FAILED").exists()
+
+
+def test_a_trainer_that_failed_alone_is_left_to_its_own_failure(tmp_path: Path):
+    node = node_of(tmp_path)
+    assert peer_failed_first(node) is False and node.state == "starting"
