@@ -7,15 +7,17 @@ WHEELHOUSE  := $(CACHE)/wheelhouse
 CLUSTER     := tests/cluster/testcluster.py
 DEMO        := demo
 DEMO_INV    := /var/lib/dglkit-testcluster/$(DEMO)/inventory
-APT_PACKAGES := debootstrap python3-venv systemd-container qemu-system-x86 qemu-utils dpkg-dev iproute2 openssh-client rsync nftables
+APT_PACKAGES := debootstrap python3-venv systemd-container qemu-system-x86 qemu-utils dpkg-dev iproute2 openssh-client rsync nftables \
+	ptscotch libptscotch-dev openmpi-bin
 
 LOCK        := app/requirements/node.lock
 UV          ?= $(VENV)/bin/uv
 # The node environment as PyPI had it when dgl 2.1.0 came out (2024-03-05), the versions DGL's examples and CI
 # ran with. The newest instead: certifi, idna, requests, urllib3 (network and TLS: security fixes), psutil (the
-# launcher needs 6) and packaging (pytest needs >= 24 in the controller venv). One resolution for Python 3.10-3.12.
+# launcher needs 6), packaging (pytest needs >= 24 in the controller venv) and mpi4py (the distributed partitioner;
+# its Linux wheels came later). One resolution for Python 3.10-3.12.
 LOCK_FLAGS  := --universal --python-version 3.10 --exclude-newer 2024-03-06 \
-	$(foreach p,certifi idna requests urllib3 psutil packaging,--exclude-newer-package $(p)=false) \
+	$(foreach p,certifi idna requests urllib3 psutil packaging mpi4py,--exclude-newer-package $(p)=false) \
 	--excludes app/requirements/node-excluded.txt --generate-hashes --custom-compile-command 'make lock'
 
 .PHONY: deps setup test test-unit test-e2e test-vm demo demo-down lint lock settings

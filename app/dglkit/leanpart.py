@@ -207,16 +207,11 @@ def build_part(out: Path, p: int, layout: Layout, src: np.ndarray, dst: np.ndarr
     """Write part p (owned nodes, their in-edges and, as partition_graph does for one hop, the owned nodes'
     edges into halo nodes, marked not inner) and return its counts. node_rows(owned) gives every node data's
     rows of the owned nodes (sorted original IDs): written first, so that they are not held beside the graph."""
-    import torch
-    from dgl.data.utils import save_tensors
-
     part_dir = out / f"part{p}"
     part_dir.mkdir()
     owned = layout.orig_nids[layout.node_starts[p]:layout.node_starts[p + 1]]
     rows = node_rows(owned)
-    train_nodes = int(np.count_nonzero(rows.get("train_mask", ())))
-    save_tensors(str(part_dir / "node_feat.dgl"), {f"_N/{name}": torch.from_numpy(array) for name, array in rows.items()})
-    save_tensors(str(part_dir / "edge_feat.dgl"), {})
+    train_nodes = write_node_data(part_dir, rows)
     del rows
     num_nodes = len(layout.part)
     inner_eids = np.flatnonzero(layout.dst_part == p)
@@ -243,27 +238,32 @@ def finish(out: Path, layout: Layout, src: np.ndarray, graph_name: str, part_met
         for p in range(num_parts):
             np.flatnonzero(layout.dst_part == p).tofile(eid_file)
     np.save(out / "orig_nids.npy", layout.orig_nids)
+    write_config(out, graph_name, part_method, node_starts, edge_starts)
+    cut = int(np.count_nonzero(layout.part[src] != layout.dst_part))
+    return {"num_nodes": num_nodes, "num_edges": num_edges, "parts": parts,
+            "edge_cut": {"count": cut, "fraction": round(cut / max(num_edges, 1), 6)}}
+
+
+def write_config(out: Path, graph_name: str, part_method: str, node_starts: np.ndarray, edge_starts: np.ndarray
+                 ) -> None:
+    """<graph>.json, partition_graph's config of a homogeneous graph: parts own node_starts[p] ..
+    node_starts[p + 1] - 1 and edge_starts[p] .. edge_starts[p + 1] - 1 of the new IDs."""
+    num_parts = len(node_starts) - 1
     config: dict[str, Any] = {
-        "graph_name": graph_name, "num_nodes": num_nodes, "num_edges": num_edges, "part_method": part_method,
-        "num_parts": num_parts, "halo_hops": 1,
+        "graph_name": graph_name, "num_nodes": int(node_starts[-1]), "num_edges": int(edge_starts[-1]),
+        "part_method": part_method, "num_parts": num_parts, "halo_hops": 1,
         "node_map": {"_N": [[int(a), int(b)] for a, b in zip(node_starts[:-1], node_starts[1:])]},
         "edge_map": {"_N:_E:_N": [[int(a), int(b)] for a, b in zip(edge_starts[:-1], edge_starts[1:])]},
         "ntypes": {"_N": 0}, "etypes": {"_N:_E:_N": 0},
         **{f"part-{p}": {"node_feats": f"part{p}/node_feat.dgl", "edge_feats": f"part{p}/edge_feat.dgl",
                          "part_graph": f"part{p}/graph.dgl"} for p in range(num_parts)}}
-    cut = int(np.count_nonzero(layout.part[src] != layout.dst_part))
     with open(out / f"{graph_name}.json", "w") as f:
         json.dump(config, f, indent=4)
-    return {"num_nodes": num_nodes, "num_edges": num_edges, "parts": parts,
-            "edge_cut": {"count": cut, "fraction": round(cut / max(num_edges, 1), 6)}}
 
 
 def write_graph(part_dir: Path, p: int, owned: np.ndarray, halo: np.ndarray, inner_eids: np.ndarray,
                 outer_eids: np.ndarray, src: np.ndarray, dst: np.ndarray, layout: Layout) -> None:
     """One part's graph.dgl: inner edges, then the outer ones. `halo` holds new node IDs."""
-    import dgl
-    import torch
-
     orig_nids, part, dst_part, edge_starts = layout.orig_nids, layout.part, layout.dst_part, layout.edge_starts
     node_start = int(layout.node_starts[p])
     halo_orig = orig_nids[halo]
@@ -291,16 +291,38 @@ def write_graph(part_dir: Path, p: int, owned: np.ndarray, halo: np.ndarray, inn
             chunk = eids[begin:begin + step]
             ends[:, offset + begin:offset + begin + len(chunk)] = local[src[chunk]], local[dst[chunk]]
     del local
-    graph = dgl.graph((torch.from_numpy(ends[0]), torch.from_numpy(ends[1])), num_nodes=len(owned) + len(halo),
+    save_part_graph(part_dir, p, node_start, len(owned), halo, part[halo_orig], ends, new_eids, num_inner)
+
+
+def write_node_data(part_dir: Path, rows: dict[str, np.ndarray]) -> int:
+    """A part's node_feat.dgl (every node data's rows of its owned nodes, in new-ID order) and its empty
+    edge_feat.dgl; return the part's training nodes."""
+    import torch
+    from dgl.data.utils import save_tensors
+
+    save_tensors(str(part_dir / "node_feat.dgl"), {f"_N/{name}": torch.from_numpy(array) for name, array in rows.items()})
+    save_tensors(str(part_dir / "edge_feat.dgl"), {})
+    return int(np.count_nonzero(rows.get("train_mask", ())))
+
+
+def save_part_graph(part_dir: Path, p: int, node_start: int, num_owned: int, halo: np.ndarray, halo_parts: np.ndarray,
+                    ends: np.ndarray, new_eids: np.ndarray, num_inner: int) -> None:
+    """One part's graph.dgl as partition_graph writes it: local nodes are the owned ones (new IDs node_start ..
+    node_start + num_owned - 1), then the halo nodes (`halo`: new IDs, sorted; `halo_parts`: their parts); `ends`
+    (2 x edges, local IDs) holds the `num_inner` in-edges of owned nodes, then the edges into halo nodes."""
+    import dgl
+    import torch
+
+    graph = dgl.graph((torch.from_numpy(ends[0]), torch.from_numpy(ends[1])), num_nodes=num_owned + len(halo),
                       idtype=torch.int64)
-    graph.ndata[dgl.NID] = torch.from_numpy(np.concatenate([np.arange(node_start, node_start + len(owned)), halo]))
+    graph.ndata[dgl.NID] = torch.from_numpy(np.concatenate([np.arange(node_start, node_start + num_owned), halo]))
     graph.ndata["inner_node"] = torch.from_numpy(
-        np.concatenate([np.ones(len(owned), np.uint8), np.zeros(len(halo), np.uint8)]))
+        np.concatenate([np.ones(num_owned, np.uint8), np.zeros(len(halo), np.uint8)]))
     graph.ndata["part_id"] = torch.from_numpy(
-        np.concatenate([np.full(len(owned), p, np.int64), part[halo_orig].astype(np.int64)]))
+        np.concatenate([np.full(num_owned, p, np.int64), halo_parts.astype(np.int64)]))
     graph.edata[dgl.EID] = torch.from_numpy(new_eids)
     graph.edata["inner_edge"] = torch.from_numpy(
-        np.concatenate([np.ones(num_inner, np.uint8), np.zeros(len(outer_eids), np.uint8)]))
+        np.concatenate([np.ones(num_inner, np.uint8), np.zeros(len(new_eids) - num_inner, np.uint8)]))
     dgl.save_graphs(str(part_dir / "graph.dgl"), [graph])
 
 

@@ -1,0 +1,230 @@
+"""`mpirun -np K python -m dglkit.mpibuild --dataset-dir D --assignment A --out DIR`: DGL's partition of a
+graph that no host holds, rank P writing part P from the assignment dglkit.mpiassign left in A. The files are
+the lean builder's (dglkit.leanpart) for the same assignment, written by the same functions.
+
+Rank r owns node IDs starts[r] .. starts[r+1] - 1 and edges E * r // K .. E * (r + 1) // K - 1 (dglkit.mpicomm):
+1. new node IDs: parts own contiguous ranges, original order within a part. From the per-rank counts of each
+   part (Allgather) rank r numbers its own nodes; each node's ID pair goes to its part, which then reads its
+   nodes' rows of the node data (a block at a time) and writes node_feat.dgl;
+2. new edge IDs: an edge belongs to its destination's part, original order within a part. A first pass over
+   the rank's edges counts them per part (the ends' parts asked of their owners); a second numbers them and
+   sends each to its destination's part (the in-edges of its nodes) and, when its source is in another part,
+   to the source's part too (the candidates for the edges into halo nodes);
+3. part P keeps as halo nodes the other parts' sources of its in-edges and, as partition_graph does for one
+   hop, the candidates into them, and writes graph.dgl; each rank writes its part's range of orig_nids.npy
+   and orig_eids.npy in place (write calls at its offset, not memory maps: NFS writes those whole pages).
+Rank 0 writes <graph>.json and manifest.json last and renames `.<out>.partial` to DIR.
+"""
+
+import argparse
+import io
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dglkit import leanpart
+from dglkit.common import UserError, emit_result, peak_rss_mb, read_json, write_json
+from dglkit.mpicomm import BATCH_EDGES, ArraysInput, exchange, lookup, mpi_main, owner, padded, ranges, rounds
+from dglkit.partition import read_rows
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="mpirun -np NUM_PARTS python -m dglkit.mpibuild")
+    parser.add_argument("--dataset-dir", required=True, type=Path, help="a dataset prepared with --arrays")
+    parser.add_argument("--assignment", required=True, type=Path, help="the directory dglkit.mpiassign wrote")
+    parser.add_argument("--out", required=True, type=Path, help="partition directory (replaced when complete)")
+    parser.add_argument("--graph-name", default="graph", help="DistGraph name; the config is <name>.json")
+    parser.add_argument("--batch-edges", type=int, default=BATCH_EDGES, help="edges per exchange round")
+    return parser.parse_args(argv)
+
+
+def check_assignment(args: argparse.Namespace, data: ArraysInput, num_parts: int) -> dict[str, Any]:
+    manifest = read_json(args.assignment / "manifest.json")
+    if not manifest or not manifest.get("complete"):
+        raise UserError(f"{args.assignment} holds no complete assignment: run dglkit.mpiassign first")
+    if manifest["num_nodes"] != data.num_nodes or manifest["dataset_fingerprint"] != data.dataset.get("fingerprint"):
+        raise UserError(f"{args.assignment} is the assignment of another dataset than {args.dataset_dir}")
+    if manifest["num_parts"] != num_parts:
+        raise UserError(f"{args.assignment} has {manifest['num_parts']} parts: run with mpirun -np {manifest['num_parts']}")
+    return manifest
+
+
+def program(comm: Any, argv: list[str]) -> int:
+    args = parse(argv)
+    data = ArraysInput(args.dataset_dir)
+    rank, num_parts = comm.Get_rank(), comm.Get_size()
+    assignment = check_assignment(args, data, num_parts)
+    started = time.perf_counter()
+    starts = ranges(data.num_nodes, num_parts)
+    table, node_starts = node_table(comm, args.assignment, assignment["slices"], starts)
+    owned = owned_nodes(comm, table, starts)
+    tmp = args.out.with_name(f".{args.out.name}.partial")
+    offsets = start_output(comm, tmp, data)
+    part_dir = tmp / f"part{rank}"
+    part_dir.mkdir()
+    train_nodes = leanpart.write_node_data(part_dir, {
+        name: read_rows(data.dir / f"node_{name}.npy", owned) for name in data.node_data})
+    write_at(tmp / "orig_nids.npy", offsets, int(node_starts[rank]), owned)
+    del owned
+    edge_starts, before = edge_ranges(comm, data, starts, table, args.batch_edges)
+    inner, candidates, cut = send_edges(comm, data, starts, table, edge_starts[:-1] + before, args.batch_edges)
+    del table
+    write_at(tmp / "orig_eids.npy", offsets, int(edge_starts[rank]), inner[:, 1])
+    halo = write_part_graph(part_dir, rank, node_starts, inner, candidates)
+    counts = {"part": rank, "nodes": int(node_starts[rank + 1] - node_starts[rank]), "edges": len(inner),
+              "train_nodes": train_nodes, "halo_nodes": halo}
+    del inner, candidates
+    parts = comm.gather({**counts, "host": os.uname().nodename, "peak_rss_mb": round(peak_rss_mb())})
+    cut = comm.allreduce(cut)
+    if rank == 0:
+        finish(args, tmp, data, assignment, node_starts, edge_starts, parts, cut, time.perf_counter() - started)
+    comm.Barrier()  # every rank returns once DIR is in place
+    return 0
+
+
+def node_table(comm: Any, directory: Path, slices: list[list[int]], starts: np.ndarray
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """(part, new ID) of each of this rank's nodes, and where each part's new IDs start."""
+    rank, num_parts = comm.Get_rank(), comm.Get_size()
+    first, last = int(starts[rank]), int(starts[rank + 1])
+    part = np.concatenate([np.load(directory / f"assignment-{i}.npy", mmap_mode="r")[max(a, first) - a:min(b, last) - a]
+                           for i, (a, b) in enumerate(slices) if a < last and first < b] + [np.zeros(0, np.int32)])
+    part = part.astype(np.int64)
+    counts = np.bincount(part, minlength=num_parts)
+    every = np.array(comm.allgather(counts))  # ranks x parts
+    node_starts = np.concatenate([[0], np.cumsum(every.sum(0))])
+    new = numbered(part, node_starts[:-1] + every[:rank].sum(0))
+    return np.stack([part, new], 1), node_starts
+
+
+def numbered(groups: np.ndarray, bases: np.ndarray) -> np.ndarray:
+    """bases[g] + the rank of each item among the items of its group g, in order."""
+    order = np.argsort(groups, kind="stable")
+    counts = np.bincount(groups, minlength=len(bases))
+    sorted_groups = groups[order]
+    result = np.empty(len(groups), np.int64)
+    result[order] = bases[sorted_groups] + np.arange(len(groups)) - (np.cumsum(counts) - counts)[sorted_groups]
+    return result
+
+
+def owned_nodes(comm: Any, table: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """The original IDs of this rank's part's nodes, in new-ID order (which is their order)."""
+    first = int(starts[comm.Get_rank()])
+    pairs = np.stack([table[:, 1], np.arange(first, first + len(table))], 1)
+    received, _ = exchange(comm, pairs, table[:, 0])
+    return received[np.argsort(received[:, 0]), 1]
+
+
+def npy_header(length: int) -> bytes:
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, {"descr": "<i8", "fortran_order": False, "shape": (length,)})
+    return header.getvalue()
+
+
+def start_output(comm: Any, tmp: Path, data: ArraysInput) -> dict[str, int]:
+    """The temporary output directory with orig_nids.npy and orig_eids.npy at full size for the ranks to fill;
+    return each file's data offset."""
+    lengths = {"orig_nids.npy": data.num_nodes, "orig_eids.npy": data.num_edges}
+    if comm.Get_rank() == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        for name, length in lengths.items():
+            with open(tmp / name, "wb") as f:
+                f.write(npy_header(length))
+                f.truncate(len(npy_header(length)) + 8 * length)
+    comm.Barrier()
+    return {name: len(npy_header(length)) for name, length in lengths.items()}
+
+
+def write_at(path: Path, offsets: dict[str, int], index: int, values: np.ndarray) -> None:
+    """values (int64) at items index .. of the .npy file `path`."""
+    with open(path, "r+b") as f:  # plain writes at an offset
+        f.seek(offsets[path.name] + 8 * index)
+        np.ascontiguousarray(values, dtype="<i8").tofile(f)
+
+def ends(comm: Any, data: ArraysInput, starts: np.ndarray, table: np.ndarray, batch: int
+         ) -> Iterator[tuple[int, np.ndarray, np.ndarray, np.ndarray]]:
+    """(first edge ID, source (part, new ID) rows, destination rows, source IDs) of this rank's edges, a
+    batch a round; empty batches once its share is done, until every rank's is."""
+    rank, size = comm.Get_rank(), comm.Get_size()
+    begin, end = data.edge_range(rank, size)
+    for first, src, dst in padded(data.edge_batches(rank, size, batch), rounds(comm, end - begin, batch)):
+        rows = lookup(comm, np.concatenate([src, dst]), starts, table)
+        yield first, rows[:len(src)], rows[len(src):], src
+
+
+def edge_ranges(comm: Any, data: ArraysInput, starts: np.ndarray, table: np.ndarray, batch: int
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """Where each part's new edge IDs start, and how many of them the ranks before this one hold, from every
+    rank's count of its edges per destination part."""
+    counts = np.zeros(comm.Get_size(), np.int64)
+    for _, _, dst_rows, _ in ends(comm, data, starts, table, batch):
+        counts += np.bincount(dst_rows[:, 0], minlength=len(counts))
+    every = np.array(comm.allgather(counts))
+    return np.concatenate([[0], np.cumsum(every.sum(0))]), every[:comm.Get_rank()].sum(0)
+
+
+def send_edges(comm: Any, data: ArraysInput, starts: np.ndarray, table: np.ndarray, next_id: np.ndarray, batch: int
+               ) -> tuple[np.ndarray, np.ndarray, int]:
+    """This part's in-edges as rows (new ID, original ID, new source, new destination) and the other parts'
+    edges out of its nodes into theirs as rows (new ID, new source, new destination), both in new-ID order;
+    and how many of this rank's edges join two parts. next_id[q]: the new ID of this rank's first edge into q."""
+    inner, candidates, cut = [], [], 0
+    for first, src_rows, dst_rows, src in ends(comm, data, starts, table, batch):
+        new_eids = numbered(dst_rows[:, 0], next_id)
+        next_id += np.bincount(dst_rows[:, 0], minlength=len(next_id))
+        orig = np.arange(first, first + len(src))
+        received, _ = exchange(comm, np.stack([new_eids, orig, src_rows[:, 1], dst_rows[:, 1]], 1), dst_rows[:, 0])
+        inner.append(received)
+        crossing = src_rows[:, 0] != dst_rows[:, 0]
+        cut += int(np.count_nonzero(crossing))
+        received, _ = exchange(comm, np.stack([new_eids, src_rows[:, 1], dst_rows[:, 1]], 1)[crossing],
+                               src_rows[crossing, 0])
+        candidates.append(received)
+    inner_rows, candidate_rows = (np.concatenate(rows) for rows in (inner, candidates))
+    return inner_rows[np.argsort(inner_rows[:, 0])], candidate_rows[np.argsort(candidate_rows[:, 0])], cut
+
+
+def write_part_graph(part_dir: Path, p: int, node_starts: np.ndarray, inner: np.ndarray, candidates: np.ndarray
+                     ) -> int:
+    """graph.dgl of part p from its in-edges and the candidates; return its number of halo nodes."""
+    node_start, num_owned = int(node_starts[p]), int(node_starts[p + 1] - node_starts[p])
+    sources = inner[:, 2]
+    halo = np.unique(sources[(sources < node_start) | (sources >= node_start + num_owned)])
+    outer = candidates[np.isin(candidates[:, 2], halo)]
+
+    def local(new: np.ndarray) -> np.ndarray:
+        owned = (new >= node_start) & (new < node_start + num_owned)
+        return np.where(owned, new - node_start, num_owned + np.searchsorted(halo, new))
+
+    edge_ends = np.concatenate([np.stack([local(inner[:, 2]), local(inner[:, 3])]),
+                                np.stack([local(outer[:, 1]), local(outer[:, 2])])], 1)
+    leanpart.save_part_graph(part_dir, p, node_start, num_owned, halo, owner(halo, node_starts), edge_ends,
+                             np.concatenate([inner[:, 0], outer[:, 0]]), len(inner))
+    return len(halo)
+
+
+def finish(args: argparse.Namespace, tmp: Path, data: ArraysInput, assignment: dict[str, Any], node_starts: np.ndarray,
+           edge_starts: np.ndarray, parts: list[dict[str, Any]], cut: int, seconds: float) -> None:
+    """Rank 0, once every part is written: the config, the manifest (last), then the directory's own name."""
+    leanpart.write_config(tmp, args.graph_name, "ptscotch", node_starts, edge_starts)
+    manifest = {"complete": True, "dataset_fingerprint": data.dataset.get("fingerprint"),
+                "part_config": f"{args.graph_name}.json", "num_parts": len(parts), "num_nodes": data.num_nodes,
+                "num_edges": data.num_edges, "parts": parts,
+                "edge_cut": {"count": cut, "fraction": round(cut / max(data.num_edges, 1), 6)},
+                "assignment": {key: assignment[key] for key in ("vertex_weight", "strategy", "imbalance", "edge_cut")},
+                "build_s": round(seconds, 3), "peak_rss_mb": max(part["peak_rss_mb"] for part in parts)}
+    write_json(tmp / "manifest.json", manifest)
+    shutil.rmtree(args.out, ignore_errors=True)
+    os.replace(tmp, args.out)
+    emit_result({"changed": True, "out": str(args.out), "part_config": str(args.out / manifest["part_config"]),
+                 "edge_cut_fraction": manifest["edge_cut"]["fraction"], "peak_rss_mb": manifest["peak_rss_mb"]})
+
+
+if __name__ == "__main__":
+    mpi_main(program)

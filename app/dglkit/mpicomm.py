@@ -1,0 +1,131 @@
+"""What the MPI programs of the distributed partitioner share (dglkit.mpiassign, dglkit.mpibuild): contiguous
+ownership of node IDs, the bounded all-to-all exchange of rows, a rank's share of the edges, and a main that
+stops every rank when one fails.
+
+Run them under `mpirun -np W python -m dglkit.<program> ...`: rank r owns node IDs starts[r] .. starts[r+1] - 1
+and reads edges E * r // W .. E * (r + 1) // W - 1 of the dataset's arrays/ (`dglkit prepare --arrays`).
+"""
+
+import sys
+import traceback
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dglkit.common import UserError, read_json
+
+# Edges read and sent per round: each round's buffers (about 64 bytes per edge) stay this size whatever the graph.
+BATCH_EDGES = 1 << 22
+
+
+def ranges(total: int, size: int) -> np.ndarray:
+    """starts[r] .. starts[r + 1]: rank r's contiguous share of `total` items (sizes differ by at most one)."""
+    return np.arange(size + 1, dtype=np.int64) * total // size
+
+
+def owner(ids: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    return np.searchsorted(starts, ids, side="right") - 1
+
+
+def exchange(comm: Any, rows: np.ndarray, dest: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Send each row of `rows` (int64 items, one row per item) to rank dest[i]. Return the rows this rank
+    receives, grouped by sender in rank order and each sender's in its order, and how many came from each
+    rank. Collective."""
+    from mpi4py import MPI
+
+    size = comm.Get_size()
+    order = np.argsort(dest, kind="stable")
+    send = np.ascontiguousarray(rows[order], dtype=np.int64)
+    width = int(np.prod(rows.shape[1:], dtype=np.int64))
+    send_counts = np.bincount(dest, minlength=size).astype(np.int64) * width
+    recv_counts = np.empty(size, np.int64)
+    comm.Alltoall(send_counts, recv_counts)
+    received = np.empty((int(recv_counts.sum()) // width, *rows.shape[1:]), np.int64)
+    displs = [np.concatenate([[0], np.cumsum(counts[:-1])]) for counts in (send_counts, recv_counts)]
+    comm.Alltoallv([send, (send_counts, displs[0]), MPI.INT64_T], [received, (recv_counts, displs[1]), MPI.INT64_T])
+    return received, recv_counts // width
+
+
+def lookup(comm: Any, ids: np.ndarray, starts: np.ndarray, table: np.ndarray) -> np.ndarray:
+    """table's rows (int64; row i holds node starts[rank] + i) of nodes `ids`, from the ranks that own them,
+    one row per ID. Collective."""
+    rank, size = comm.Get_rank(), comm.Get_size()
+    unique, inverse = np.unique(ids, return_inverse=True)
+    asked, per_rank = exchange(comm, unique[:, None], owner(unique, starts))
+    answers, _ = exchange(comm, table[asked[:, 0] - starts[rank]], np.repeat(np.arange(size), per_rank))
+    # Sorted IDs went out in owner order; the answers come back in the same order.
+    return answers[inverse]
+
+
+class ArraysInput:
+    """A prepared dataset's arrays/ (src.npy, dst.npy, node_<name>.npy) as memory maps: a rank reads its own
+    share of them only."""
+
+    def __init__(self, dataset_dir: Path) -> None:
+        dataset = read_json(dataset_dir / "dataset.json")
+        if dataset is None or "arrays" not in dataset:
+            raise UserError(f"{dataset_dir} is not a dataset prepared with arrays/: run `dglkit prepare --arrays "
+                            f"--out {dataset_dir} ...` first")
+        self.dir = dataset_dir / dataset["arrays"]["dir"]
+        self.dataset = dataset
+        self.num_nodes: int = dataset["num_nodes"]
+        self.node_data: list[str] = list(dataset["arrays"]["node_data"])
+        self.src, self.dst = (np.load(self.dir / f"{name}.npy", mmap_mode="r") for name in ("src", "dst"))
+        self.num_edges = len(self.src)
+
+    def edge_range(self, rank: int, size: int) -> tuple[int, int]:
+        starts = ranges(self.num_edges, size)
+        return int(starts[rank]), int(starts[rank + 1])
+
+    def edge_batches(self, rank: int, size: int, batch: int = BATCH_EDGES) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+        """(first edge ID, src, dst) of this rank's share, `batch` edges at a time."""
+        begin, end = self.edge_range(rank, size)
+        for first in range(begin, end, batch):
+            last = min(first + batch, end)
+            yield first, np.asarray(self.src[first:last], np.int64), np.asarray(self.dst[first:last], np.int64)
+
+    def node_rows(self, name: str, begin: int, end: int) -> np.ndarray:
+        return np.asarray(np.load(self.dir / f"node_{name}.npy", mmap_mode="r")[begin:end])
+
+
+def rounds(comm: Any, num_edges: int, batch: int = BATCH_EDGES) -> int:
+    """The number of exchange rounds: the most batches any rank has (every rank takes part in each)."""
+    from mpi4py import MPI
+
+    return int(comm.allreduce(-(-num_edges // batch), op=MPI.MAX))
+
+
+def padded(batches: Iterator[tuple[int, np.ndarray, np.ndarray]], count: int
+           ) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+    """`batches`, then empty ones up to `count` in all: a rank whose share is done still joins each round."""
+    empty = np.zeros(0, np.int64)
+    done = 0
+    for item in batches:
+        done += 1
+        yield item
+    for _ in range(count - done):
+        yield 0, empty, empty
+
+
+def mpi_main(program: Callable[[Any, list[str]], int]) -> None:
+    """Run program(comm, argv) on every rank. A UserError (the same check fails on every rank, before any
+    collective call) exits 2 with its message from rank 0; any other error aborts every rank, so that mpirun
+    exits non-zero instead of the others waiting forever in a collective call."""
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    try:
+        code = program(comm, sys.argv[1:])
+    except UserError as error:
+        if comm.Get_rank() == 0:
+            print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
+    except SystemExit:  # argparse's usage errors and --help: the same on every rank
+        raise
+    except BaseException:  # noqa: BLE001 - any failure must take the other ranks down too
+        traceback.print_exc()
+        sys.stderr.flush()
+        comm.Abort(1)
+    sys.exit(code)

@@ -1,0 +1,179 @@
+"""The distributed partitioner (dglkit.mpiassign, dglkit.mpibuild) under a real mpirun on loopback, 2 and 4
+ranks on the shared synthetic graph (a degree-corrected block model: a partitioner's cut shows)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import dgl
+import numpy as np
+import psutil
+import pytest
+
+from dglkit import leanpart
+from dglkit.mpiassign import load_assignment
+from localjob import build
+from test_partition import assert_same_files, owned_and_halo
+
+APP = Path(__file__).resolve().parents[2] / "app"
+MPIRUN = ["mpirun", "--oversubscribe", "--mca", "btl", "self,tcp", "--mca", "btl_tcp_if_include", "lo"]
+ENV = {**os.environ, "PYTHONPATH": str(APP), "DGLBACKEND": "pytorch",
+       "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+
+
+@pytest.fixture(scope="module")
+def directed_dataset(synthetic_dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The synthetic graph's edges one way only (a random half), with self loops and duplicates added: the
+    edges into halo nodes are then not all reverses of in-edges, and the partitioner's input must be made
+    symmetric and simple."""
+    src, dst, _ = arrays(synthetic_dataset)
+    rng = np.random.default_rng(3)
+    one_way = rng.random(len(src)) < 0.5
+    loops = rng.integers(0, len(src) // 12, 200)
+    edges = np.stack([np.concatenate([src[one_way], loops, src[:300]]), np.concatenate([dst[one_way], loops, dst[:300]])], 1)
+    directory = tmp_path_factory.mktemp("directed")
+    np.savez(directory / "graph.npz", edges=edges, feat=np.load(synthetic_dataset / "arrays" / "node_feat.npy"),
+             labels=np.load(synthetic_dataset / "arrays" / "node_labels.npy"))
+    build("prepare", "--dataset", "files", "--path", directory / "graph.npz", "--out", directory / "dataset", "--arrays")
+    return directory / "dataset"
+
+
+def mpi_command(ranks: int, program: str, *args: object) -> list[str]:
+    return [*MPIRUN, "-np", str(ranks), sys.executable, "-m", f"dglkit.{program}", *map(str, args)]
+
+
+def mpirun(ranks: int, program: str, *args: object, check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run(mpi_command(ranks, program, *args), capture_output=True, text=True, env=ENV,
+                          stdin=subprocess.DEVNULL, timeout=300)
+    if check and proc.returncode:
+        raise AssertionError(f"{program} on {ranks} ranks exited {proc.returncode}:\n{proc.stdout[-2000:]}\n"
+                             f"{proc.stderr[-3000:]}")
+    return proc
+
+
+def arrays(dataset: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    directory = dataset / "arrays"
+    return (np.load(directory / "src.npy"), np.load(directory / "dst.npy"),
+            np.load(directory / "node_train_mask.npy").astype(bool))
+
+
+def pair_cut(assignment: np.ndarray, src: np.ndarray, dst: np.ndarray) -> int:
+    """Node pairs joined by an edge whose ends are in different parts: what both partitioners minimise."""
+    low, high = np.divmod(leanpart.undirected_pairs(src, dst, len(assignment)), len(assignment))
+    return int(np.count_nonzero(assignment[low] != assignment[high]))
+
+
+@pytest.mark.parametrize("ranks, num_parts, dataset", [(2, 2, "synthetic_dataset"), (4, 4, "synthetic_dataset"),
+                                                       (2, 4, "synthetic_dataset"), (4, 2, "directed_dataset")])
+def test_assignment_covers_every_node_balanced_and_cuts_like_metis(request, tmp_path, ranks, num_parts, dataset):
+    synthetic_dataset = request.getfixturevalue(dataset)
+    out = tmp_path / "assignment"
+    result = json.loads(mpirun(ranks, "mpiassign", "--dataset-dir", synthetic_dataset, "--out", out,
+                               "--num-parts", num_parts).stdout.strip().splitlines()[-1])
+    src, dst, train = arrays(synthetic_dataset)
+    num_nodes = len(train)
+    assignment = load_assignment(out)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert len(assignment) == num_nodes and 0 <= assignment.min() and assignment.max() < num_parts
+    assert manifest["slices"][0][0] == 0 and manifest["slices"][-1][1] == num_nodes and len(manifest["ranks"]) == ranks
+    nodes = np.bincount(assignment, minlength=num_parts)
+    assert nodes.max() <= (1 + manifest["imbalance"]) * num_nodes / num_parts + 1
+    # The manifest's counts are the assignment's: owned nodes, their in-edges, their training nodes.
+    edges = np.bincount(assignment[dst], minlength=num_parts)
+    assert [[p["nodes"], p["edges"], p["train_nodes"]] for p in manifest["parts"]] == [
+        [int(n), int(e), int(t)] for n, e, t in zip(nodes, edges, np.bincount(assignment[train], minlength=num_parts))]
+    cut = pair_cut(assignment, src, dst)
+    assert result["edge_cut"] == manifest["edge_cut"] and manifest["edge_cut"]["pairs"] == cut
+    # The kit's METIS on the same graph, balancing node counts as PT-Scotch does here.
+    metis_cut = pair_cut(leanpart.metis_parts([src.copy(), dst.copy()], num_nodes, None, num_parts, False), src, dst)
+    assert cut <= 1.3 * metis_cut, (cut, metis_cut)
+    assert cut < 0.5 * pair_cut(leanpart.random_parts(num_nodes, num_parts), src, dst)
+
+
+def test_degree_weights_balance_in_edges(synthetic_dataset, tmp_path):
+    out = tmp_path / "assignment"
+    mpirun(2, "mpiassign", "--dataset-dir", synthetic_dataset, "--out", out, "--num-parts", 2, "--vertex-weight",
+           "degree")
+    _, dst, train = arrays(synthetic_dataset)
+    assignment = load_assignment(out)
+    nodes_and_edges = np.bincount(assignment, minlength=2) + np.bincount(assignment[dst], minlength=2)
+    assert nodes_and_edges.max() <= 1.03 * nodes_and_edges.sum() / 2 + 1
+
+
+def test_bad_input_fails_before_anything_is_written(tmp_path):
+    proc = mpirun(2, "mpiassign", "--dataset-dir", tmp_path, "--out", tmp_path / "a", "--num-parts", 2, check=False)
+    assert proc.returncode != 0 and "prepare --arrays" in proc.stderr and not (tmp_path / "a").exists()
+
+
+@pytest.mark.parametrize("program", ["mpiassign", "mpibuild"])
+def test_a_killed_rank_fails_the_run_and_leaves_nothing_to_trust(synthetic_dataset, tmp_path, program):
+    """One rank killed while the ranks exchange edges (tiny rounds keep them at it for seconds): mpirun fails,
+    no output directory appears, and a later run completes in spite of what the killed one left."""
+    out = tmp_path / "out"
+    args: tuple[object, ...] = ("--dataset-dir", synthetic_dataset, "--out", out)
+    if program == "mpiassign":
+        args += ("--num-parts", 2)
+    else:
+        mpirun(2, "mpiassign", "--dataset-dir", synthetic_dataset, "--out", tmp_path / "assignment", "--num-parts", 2)
+        args += ("--assignment", tmp_path / "assignment")
+    launcher = subprocess.Popen(mpi_command(2, program, *args, "--batch-edges", 32), env=ENV,
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    victim = exchanging_rank(launcher.pid)
+    victim.send_signal(signal.SIGKILL)
+    _, stderr = launcher.communicate(timeout=120)
+    assert launcher.returncode != 0, stderr[-2000:]
+    assert not out.exists()
+    assert not (tmp_path / ".out.partial" / "manifest.json").exists()
+    mpirun(2, program, *args)
+    assert json.loads((out / "manifest.json").read_text())["complete"]
+    assert not (tmp_path / ".out.partial").exists()
+
+
+def exchanging_rank(mpirun_pid: int) -> psutil.Process:
+    """A rank of mpirun's that has mapped the edges, i.e. that has started the exchange rounds."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        for child in psutil.Process(mpirun_pid).children(recursive=True):
+            try:
+                if any(m.path.endswith("/src.npy") for m in child.memory_maps()):
+                    return child
+            except psutil.NoSuchProcess:
+                pass
+        time.sleep(0.05)
+    raise AssertionError("no rank mapped the edges within a minute")
+
+
+@pytest.mark.parametrize("ranks, dataset", [(2, "directed_dataset"), (4, "synthetic_dataset")])
+def test_parts_built_by_the_ranks_are_the_lean_builders_and_load_in_dgl(request, tmp_path, ranks, dataset):
+    """Assignment on 2 ranks, parts on `ranks` (small rounds: ranks run out of edges at different rounds), then
+    the lean builder on one host from the same assignment: the same files, counts and cut; DGL loads them."""
+    synthetic_dataset = request.getfixturevalue(dataset)
+    assignment_dir, out, lean = tmp_path / "assignment", tmp_path / "parts", tmp_path / "lean"
+    mpirun(2, "mpiassign", "--dataset-dir", synthetic_dataset, "--out", assignment_dir, "--num-parts", ranks)
+    mpirun(ranks, "mpibuild", "--dataset-dir", synthetic_dataset, "--assignment", assignment_dir, "--out", out,
+           "--batch-edges", 5000)
+    lean.mkdir()
+    counts = leanpart.build(synthetic_dataset / "graph.dgl", load_assignment(assignment_dir), lean, "graph", ranks,
+                            "ptscotch")
+    assert_same_files(out, lean, ranks)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["complete"] and manifest["edge_cut"] == counts["edge_cut"]
+    assert [{key: part[key] for key in counts["parts"][0]} for part in manifest["parts"]] == counts["parts"]
+    graph = dgl.load_graphs(str(synthetic_dataset / "graph.dgl"))[0][0]
+    owned_and_halo(out / "graph.json", graph)
+    for part in range(ranks):
+        part_graph, node_feats, *_ = dgl.distributed.load_partition(str(out / "graph.json"), part)
+        assert int(part_graph.ndata["inner_node"].sum()) == manifest["parts"][part]["nodes"]
+        assert set(node_feats) == {f"_N/{name}" for name in graph.ndata}
+
+
+def test_build_refuses_an_assignment_for_another_number_of_ranks(synthetic_dataset, tmp_path):
+    assignment_dir = tmp_path / "assignment"
+    mpirun(2, "mpiassign", "--dataset-dir", synthetic_dataset, "--out", assignment_dir, "--num-parts", 4)
+    proc = mpirun(2, "mpibuild", "--dataset-dir", synthetic_dataset, "--assignment", assignment_dir, "--out",
+                  tmp_path / "parts", check=False)
+    assert proc.returncode == 2 and "run with mpirun -np 4" in proc.stderr and not (tmp_path / "parts").exists()
