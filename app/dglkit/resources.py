@@ -45,6 +45,25 @@ def memory_estimate(stage: str, num_nodes: int, num_edges: int, feat_dim: int, n
     return int(peak)
 
 
+# `dglkit mpi` (the mpi builder), per rank: peak bytes per directed edge of its share of the graph, the larger of
+# the assignment's and the build's (bench/mpipart.py, BENCHMARKS.md: 105 over the imports at 0.5M edges), rounded up.
+MPI_PER_SHARE_EDGE = 120
+
+
+def mpi_rank_estimate(num_nodes: int, num_edges: int, feat_dim: int, ranks: int) -> int:
+    """Peak bytes of one rank of the mpi builder on `ranks` workers: its share of the edges, its part's node
+    data and its share of the node ID tables."""
+    share = PART_SHARE / ranks
+    node_bytes = num_nodes * (4 * feat_dim + 11 + 40) * share
+    return int(BASE + MPI_PER_SHARE_EDGE * num_edges * share + FEATURE_COPIES["part"] * node_bytes)
+
+
+def mpi_ranks_needed(num_nodes: int, num_edges: int, feat_dim: int, have: int, most: int = 4096) -> int | None:
+    """The fewest workers whose ranks' estimate fits in `have` bytes each, or None."""
+    return next((ranks for ranks in range(2, most + 1)
+                 if mpi_rank_estimate(num_nodes, num_edges, feat_dim, ranks) <= have), None)
+
+
 def lean_builders(num_nodes: int, num_edges: int, feat_dim: int, num_parts: int, memory_gb: float | None) -> int:
     """Parts the lean builder builds at once: one per core, as many as the memory holds (at least one; the
     check of one builder's estimate refuses what does not fit). memory_gb as check_fits takes it."""
