@@ -218,7 +218,8 @@ def finish(args: argparse.Namespace, tmp: Path, data: ArraysInput, assignment: d
            edge_starts: np.ndarray, parts: list[dict[str, Any]], cut: int, seconds: float) -> None:
     """Rank 0, once every part is written: the config, the manifest (last), then the directory's own name."""
     leanpart.write_config(tmp, args.graph_name, "ptscotch", node_starts, edge_starts)
-    manifest = {"complete": True, "dataset_fingerprint": data.dataset.get("fingerprint"),
+    manifest = {"complete": True, "dataset_dir": str(args.dataset_dir.resolve()),
+                "dataset_fingerprint": data.dataset.get("fingerprint"),
                 "part_config": f"{args.graph_name}.json", "num_parts": len(parts), "num_nodes": data.num_nodes,
                 "num_edges": data.num_edges, "parts": parts,
                 "edge_cut": {"count": cut, "fraction": round(cut / max(data.num_edges, 1), 6)},

@@ -39,6 +39,8 @@ def test_a_run_leaves_the_complete_partition_alone(synthetic_dataset: Path, tmp_
     dglkit("mpi", "run", "--dataset-dir", synthetic_dataset, "--out", out, "--graph-name", "g", "--hosts", HOSTS)
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["complete"] and manifest["num_parts"] == 2 and (out / "g.json").is_file()
+    # The report and link prediction find the dataset through it, as through the other builders' manifests.
+    assert manifest["dataset_dir"] == str(synthetic_dataset.resolve())
     assert sorted(p.name for p in tmp_path.iterdir()) == ["part"]  # part.tmp/ (logs, progress) is gone
     assert json.loads(dglkit("mpi", "check", *args).stdout.splitlines()[-1])["done"] is True
     assert watched(out)["state"] == "succeeded"
