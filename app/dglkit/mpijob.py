@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dglkit import mpiblame
+from dglkit import mpiblame, ptscotch
 from dglkit.common import UserError, emit_result, read_json, write_json
 from dglkit.mpicomm import PROGRESS_ENV
 from dglkit.resources import GB, host_memory, mpi_rank_estimate, mpi_ranks_needed
@@ -78,7 +78,20 @@ def unit_state() -> str:
     return subprocess.run(["systemctl", "is-active", UNIT], capture_output=True, text=True).stdout.strip()
 
 
+def check_packages() -> None:
+    """What site.yml installs with dglkit_mpi: true, present on this host."""
+    missing = [what for what, found in (
+        ("Open MPI's mpirun (openmpi-bin)", shutil.which("mpirun")),
+        ("PT-Scotch's int64 libraries (libscotch-7.0, libptscotch-7.0)",
+         all((ptscotch.LIBRARY_DIR / name).is_file() for name in ptscotch.LIBRARIES)))
+        if not found]
+    if missing:
+        raise UserError(f"{os.uname().nodename}: {' and '.join(missing)} not installed: set dglkit_mpi: true in the "
+                        "inventory and run site.yml")
+
+
 def check(args: argparse.Namespace) -> int:
+    check_packages()
     dataset = read_json(args.dataset_dir / "dataset.json")
     if dataset is None or "arrays" not in dataset:
         raise UserError(f"{args.dataset_dir} is not a dataset prepared with --arrays: run its prepare step first")

@@ -101,3 +101,20 @@ def test_each_rank_writes_its_progress(synthetic_dataset: Path, tmp_path: Path) 
     records = [json.loads((progress / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert [(r["rank"], r["program"], r["phase"]) for r in records] == [(0, "mpiassign", "done"), (1, "mpiassign", "done")]
     assert all(r["host"] == os.uname().nodename and r["peak_rss_mb"] > 0 for r in records)
+
+
+def test_a_worker_without_the_mpi_packages_is_told_to_install_them(monkeypatch, tmp_path: Path) -> None:
+    from dglkit import mpijob, ptscotch
+    from dglkit.common import UserError
+
+    mpijob.check_packages()  # this machine has them
+    monkeypatch.setattr(ptscotch, "LIBRARY_DIR", tmp_path)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    try:
+        mpijob.check_packages()
+    except UserError as error:
+        assert str(error) == (f"{os.uname().nodename}: Open MPI's mpirun (openmpi-bin) and PT-Scotch's int64 libraries "
+                              "(libscotch-7.0, libptscotch-7.0) not installed: set dglkit_mpi: true in the inventory "
+                              "and run site.yml")
+    else:
+        raise AssertionError("no refusal")
