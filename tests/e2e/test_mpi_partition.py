@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from jobhelpers import assert_clean, flat, run_folder, start_train, stop_background, train
+from jobhelpers import assert_clean, flat, run_folder, start_train, stop_background, train, working_set
 
 if TYPE_CHECKING:
     from conftest import Cluster
@@ -48,13 +48,6 @@ def site(cluster_factory: Callable[..., Cluster]) -> Cluster:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("runs")
-
-
-def working_set(cluster: Cluster, host: str) -> int:
-    """The host's memory in use as its memory cgroup counts it, less the inactive file cache."""
-    stat = dict(line.split() for line in cluster.ssh(host, "cat /sys/fs/cgroup/memory/memory.stat").stdout.splitlines())
-    usage = int(cluster.ssh(host, "cat /sys/fs/cgroup/memory/memory.usage_in_bytes").stdout)
-    return usage - int(stat["total_inactive_file"])
 
 
 def partitions(cluster: Cluster) -> Path:
