@@ -3,7 +3,8 @@
 
 Rank r runs on the r-th host given (mpirun --map-by node over the hostfile in that order), and Open MPI's daemon
 r is the one on that host (daemon 0 is mpirun's own), so mpirun's messages name a rank or a daemon by number;
-failing those, an address or a host name; failing those, the rank whose progress stopped first.
+failing those, ssh's or mpirun's messages name an address or a host name; failing those, the rank whose
+progress stopped first.
 """
 
 import ipaddress
@@ -23,7 +24,12 @@ NUMBERED = [
     (re.compile(r"MPI_ABORT was invoked on rank (\d+)"), "its rank failed"),
     (re.compile(r"process rank (\d+) with PID \d+ on node \S+ exited"), "its rank exited"),
 ]
-ON_NODE = re.compile(r"on node ([\w.:-]+)")
+# Then messages that name the host by the address or name mpirun knows it by.
+NAMED = [
+    (re.compile(r"Connection to ([\w.:-]+) closed"), "the SSH connection to its Open MPI daemon closed"),
+    (re.compile(r"ssh: connect to host ([\w.:-]+)"), "the first worker could not reach it over SSH"),
+    (re.compile(r"on node ([\w.:-]+)"), "mpirun named it"),
+]
 TAIL_LINES = 20
 
 
@@ -62,9 +68,10 @@ def blame(log: str, hosts: dict[str, str], progress_dir: Path) -> tuple[str | No
     records = progress(progress_dir)
     by_node = {address: name for name, address in hosts.items()} | {
         record["host"]: names[rank] for rank, record in records.items() if rank < len(names)}
-    for node in ON_NODE.findall(log):
-        if node in by_node:
-            return by_node[node], "mpirun named it"
+    for pattern, reason in NAMED:
+        for node in pattern.findall(log):
+            if node in by_node:
+                return by_node[node], reason
     unfinished = [(record["time"], rank) for rank, record in records.items() if record["phase"] != "done"]
     if unfinished:
         _, rank = min(unfinished)

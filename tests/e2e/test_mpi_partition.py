@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from jobhelpers import assert_clean, flat, run_folder, start_train, stop_background, train, working_set
+from jobhelpers import assert_clean, flat, kill, run_folder, start_train, train, working_set
 
 if TYPE_CHECKING:
     from conftest import Cluster
@@ -56,15 +56,15 @@ def partitions(cluster: Cluster) -> Path:
 
 def test_a_worker_host_shut_down_mid_partition_fails_the_step_naming_it(site: Cluster, runs: Path) -> None:
     proc = start_train(site, runs, *SMALL, *MPI)
+    work = wait_for_build_ranks(site, proc)
+    site.shutdown("node3")
     try:
-        work = wait_for_build_ranks(site, proc)
-        site.shutdown("node3")
         output, _ = proc.communicate(timeout=600)
-    finally:
-        stop_background(site)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"train.yml did not end after node3 went down:\n{kill(proc)[-4000:]}")
     message = flat(output)
-    assert proc.returncode != 0 and re.search(r"the mpi partition failed in its build step on node3: ", message), \
-        output[-4000:]
+    assert proc.returncode != 0 and re.search(r"the mpi partition failed in its build step on node3: the SSH "
+                                              r"connection to its Open MPI daemon closed", message), output[-4000:]
     partition = work.name.removesuffix(".tmp")
     assert not (partitions(site) / partition).exists() and not (work / "partition" / "manifest.json").exists()
     site.boot("node3")

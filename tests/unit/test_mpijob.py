@@ -118,3 +118,19 @@ def test_a_worker_without_the_mpi_packages_is_told_to_install_them(monkeypatch, 
                               "and run site.yml")
     else:
         raise AssertionError("no refusal")
+
+
+# Recorded from mpirun on the test cluster when node3 (10.77.40.13, rank 1) was shut down during the build.
+HOST_DOWN_LOG = """[node2:03577] plm:rsh: Warning: setpgid(3581,3581) failed in parent with errno=Permission denied(13)
+Connection to 10.77.40.13 closed by remote host.
+--------------------------------------------------------------------------
+ORTE was unable to reliably start one or more daemons.
+"""
+
+
+def test_a_host_whose_ssh_connection_closed_is_named_by_its_address(tmp_path: Path) -> None:
+    from dglkit.mpiblame import blame
+
+    hosts = {"node2": "10.77.40.12", "node3": "10.77.40.13"}
+    assert blame(HOST_DOWN_LOG, hosts, tmp_path) == ("node3", "the SSH connection to its Open MPI daemon closed")
+    assert blame("", hosts, tmp_path) == (None, "mpirun failed before any rank reported")
