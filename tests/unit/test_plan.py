@@ -59,7 +59,8 @@ def test_values_given_as_strings_are_the_same_job() -> None:
     ({"fan_out": "10,lots"}, "dgl_job_fan_out=10,lots: use a value of type list"),
     ({"node_data_names": "feat"}, "dgl_job_node_data_names=feat: use a value of type dict"),
     ({"task": "regression"}, "value of dgl_job_task must be one of: node_classification, link_prediction, got: regression"),
-    ({"partition_builder": "metis"}, "value of dgl_job_partition_builder must be one of: lean, dgl, distributed, mpi, got: metis"),
+    ({"partition_builder": "metis"},
+     "value of dgl_job_partition_builder must be one of: lean, dgl, distributed, mpi, got: metis"),
     ({"partition_builder": "mpi", "mpi": True},
      "dgl_job_partition_builder=mpi runs mpirun across the workers: set dglkit_ssh_mesh: true in the inventory and run "
      "site.yml"),
