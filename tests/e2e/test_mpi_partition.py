@@ -76,12 +76,12 @@ def test_a_worker_host_shut_down_mid_partition_fails_the_step_naming_it(site: Cl
 
 
 def wait_for_build_ranks(cluster: Cluster, proc: subprocess.Popen, timeout: float = 600) -> Path:
-    """The partition's work directory once both ranks of the build report (the assignment is done)."""
-    deadline = time.monotonic() + timeout
+    """The partition's work directory once both ranks of this run's build report (the assignment is done)."""
+    started, deadline = time.time(), time.monotonic() + timeout
     while time.monotonic() < deadline and proc.poll() is None:
         for work in partitions(cluster).glob("*-mpi.tmp"):
             records = [json.loads(p.read_text()) for p in (work / "progress").glob("rank*.json") if p.stat().st_size]
-            if len(records) == 2 and all(r["program"] == "mpibuild" for r in records):
+            if len(records) == 2 and all(r["program"] == "mpibuild" and r["time"] > started for r in records):
                 return work
         time.sleep(0.2)
     pytest.fail(f"no build ranks reported within {timeout:.0f} s: {(proc.communicate()[0] or '')[-3000:]}")
