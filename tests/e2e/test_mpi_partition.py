@@ -4,8 +4,8 @@ and leaves no partition; with every host's memory capped below what the single-h
 whose features dominate, the mpi builder partitions it on the workers (each rank's memory checked first) and
 GraphSAGE trains to the accuracy the single-host builder's partition gives the same graph and seed, uncapped.
 
-The dataset itself is prepared on the storage host by the uncapped single-host run (the MPI programs read the
-arrays `prepare --arrays` writes): under the caps its prepare step is a no-op.
+The dataset itself is prepared whole on the storage host before the caps, arrays included (the MPI programs
+read the arrays `prepare --arrays` writes): under the caps its prepare step is a no-op.
 """
 from __future__ import annotations
 
@@ -96,6 +96,10 @@ def test_capped_hosts_partition_with_mpi_and_train_as_the_single_host_path(site:
     dataset_id = Path(part_config).parent.name.removesuffix("-2p")
     dataset = json.loads((site.workspace / "datasets" / dataset_id / "dataset.json").read_text())
     sizes = dataset["num_nodes"], dataset["num_edges"], dataset["feat_dim"]
+    # The mpi builder reads the dataset's arrays: written here, uncapped (the lean run's prepare wrote none).
+    site.ssh("node1", f"runuser -u dglkit -- {VENV}/bin/python -m dglkit prepare --dataset synthetic --out "
+                      f"{WORKSPACE}/datasets/{dataset_id} --num-nodes 160000 --avg-degree 10 --num-classes 10 "
+                      "--feat-dim 2048 --seed 0 --arrays", timeout=900)
     lean, rank = memory_estimate("lean", *sizes, 2), mpi_rank_estimate(*sizes, 2)
     assert rank < lean
     caps = {host: (working_set(site, host) + (lean + rank) // 2) // 2**20 for host in site.hosts()}
