@@ -20,7 +20,7 @@ LOCK_FLAGS  := --universal --python-version 3.10 --exclude-newer 2024-03-06 \
 	$(foreach p,certifi idna requests urllib3 psutil packaging mpi4py,--exclude-newer-package $(p)=false) \
 	--excludes app/requirements/node-excluded.txt --generate-hashes --custom-compile-command 'make lock'
 
-.PHONY: deps setup test test-unit test-e2e test-vm demo demo-down lint lock settings
+.PHONY: deps setup test test-unit test-e2e test-vm demo demo-down lint lock settings collection
 
 deps:  ## Debian packages the harness needs on this machine
 	apt-get update -qq
@@ -59,6 +59,16 @@ test-vm: setup  ## the whole VM tier, its longest tests included (needs the e2e 
 
 settings:  ## the role defaults, argument specs, sample job.yml and docs/settings.md table from app/dglkit/settings.py
 	PYTHONPATH=app $(PYTHON) -m dglkit settings --write
+
+# The repository's root is the collection's root (galaxy.yml says what stays out), built from the committed tree
+# (git archive): your own inventories, runs and anything uncommitted stay out. Any ansible-galaxy will do:
+# ANSIBLE_GALAXY=ansible-galaxy make collection.
+ANSIBLE_GALAXY ?= $(VENV)/bin/ansible-galaxy
+collection:  ## dist/dglkit-cluster-<version>.tar.gz, the Ansible collection dglkit.cluster (committed files only)
+	rm -rf dist/tree && mkdir -p dist/tree
+	git archive HEAD | tar -x -C dist/tree
+	$(ANSIBLE_GALAXY) collection build --force --output-path dist dist/tree
+	rm -rf dist/tree
 
 # Needs PyPI. The dry runs check that every locked package has a wheel for each supported Python.
 lock:  ## app/requirements/node.lock (every package, with hashes) from node.in, after changing node.in

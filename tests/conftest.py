@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from xdist.scheduler.protocol import Scheduling
 
 TESTS = Path(__file__).parent
-TRAINING_CLUSTER = {"test_builtin_tasks.py", "test_own_programs.py", "test_train.py"}
+TRAINING_CLUSTER = {"test_builtin_tasks.py", "test_collection.py", "test_own_programs.py", "test_train.py"}
 # Group -> its place; other groups (modules) follow, in collection order.
 ORDER = {"e2e/test_site.py": 0, "unit": 1, "kit": 2, "vm": 3, "training-cluster": 4}
 

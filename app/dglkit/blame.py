@@ -20,7 +20,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from dglkit.common import CHECKPOINT, read_json, read_text
+from dglkit import jobfiles
+from dglkit.common import CHECKPOINT, read_text
 
 # What a process says when another one died under it (gloo, DGL's RPC, sockets) or when it was stopped.
 PEER_LOST = re.compile(r"Connection (reset|closed|refused)|Broken pipe|DistConnectError|socket_communicator|"
@@ -36,8 +37,8 @@ def records(job_dir: Path, attempt: int) -> list[dict[str, Any]]:
     paths = [path for directory in (job_dir, job_dir / "attempts" / str(attempt)) for name in ("failure-*.json", "failed.json")
              for path in sorted(directory.glob(f"nodes/*/{name}"))]
     for path in paths:
-        record = read_json(path)
-        if record is None or "process" not in record or record.get("attempt", attempt) != attempt:
+        record = jobfiles.record(path, jobfiles.FAILURE, required=("process",))
+        if record is None or record.get("attempt", attempt) != attempt:
             continue
         record = {**record, "node": record.get("node") or path.parent.name, "stamp": path.stat().st_mtime}
         key = (record["node"], record["process"])
@@ -82,18 +83,25 @@ def describe(record: dict[str, Any]) -> dict[str, Any]:
             Path(record.get("log") or "its log").name}
 
 
+def failed_file(directory: Path) -> dict[str, Any] | None:
+    """The FAILED file in directory (the job's, or a restarted attempt's), its fields typed (dglkit/jobfiles.py)."""
+    return jobfiles.record(directory / "FAILED", jobfiles.FAILURE)
+
+
 def cause_of(job_dir: Path, attempt: int) -> dict[str, Any]:
     """The cause of a failed attempt: by its records, else what its FAILED file says."""
     verdict = blame(job_dir, attempt)
     if verdict:
         return {**verdict["cause"], "consequences": verdict["consequences"]}
-    failed = read_json(job_dir / "attempts" / str(attempt) / "FAILED") or read_json(job_dir / "FAILED") or {}
+    failed = failed_file(job_dir / "attempts" / str(attempt)) or failed_file(job_dir) or {}
     return {**describe(failed), "consequences": []}
 
 
 def signature(record: dict[str, Any]) -> tuple:
-    """What makes two failures the same: the process, its error and the line that raised it."""
-    return record.get("process"), record.get("error") or record.get("reason"), record.get("where")
+    """What makes two failures the same: the kind of process (a trainer, whichever its rank and node: the same bug
+    strikes whichever trainer gets there first), its error and the line that raised it."""
+    kind = re.sub(r"-[0-9]+", "", str(record.get("process")))
+    return kind, record.get("error") or record.get("reason"), record.get("where")
 
 
 def progress(job_dir: Path) -> dict[str, Any]:
@@ -113,18 +121,44 @@ def repeats(job_dir: Path, failed: dict[str, Any]) -> bool:
     """The current attempt (its FAILED record) failed as the one before did, with the same error and no progress
     in between: restarting again cannot help. Every launcher decides from the same two FAILED files."""
     attempt = failed.get("attempt", 1)
-    previous = read_json(job_dir / "attempts" / str(attempt - 1) / "FAILED") if attempt > 1 else None
-    return bool(previous and failed.get("started", True) and signature(previous) == signature(failed)
+    previous = failed_file(job_dir / "attempts" / str(attempt - 1)) if attempt > 1 else None
+    return bool(previous and failed.get("started", True) and alike([previous, failed])
                 and previous.get("progress") == failed.get("progress") and "progress" in failed)
 
 
+def alike(failures: list[dict[str, Any]]) -> bool:
+    """Two or more failures (FAILED records: what the launchers restart on) with the same signature."""
+    return len(failures) > 1 and len({json.dumps(signature(failure)) for failure in failures}) == 1
+
+
+def same_error(job_dir: Path, failed: dict[str, Any]) -> bool:
+    """Every attempt that started failed as the current one (its FAILED record) did, judged as the launchers judge
+    a repeat (`repeats`): on the FAILED records' error, not on which process a report blames."""
+    earlier = [failed_file(job_dir / "attempts" / str(n)) or {} for n in range(1, failed.get("attempt", 1))]
+    return alike([record for record in [*earlier, failed] if record.get("started", True)])
+
+
+# A KeyError that DistGraph's node data view raised: the program reads a name the partition does not serve.
+NODE_DATA_KEY = re.compile(r"KeyError: '([^']+)'")
+
+
+def advice(cause: dict[str, Any]) -> str:
+    """What to change for a failure that a setting fixes, or ""."""
+    key = NODE_DATA_KEY.match(cause.get("reason") or "")
+    frames = [cause.get("where") or "", *cause.get("log_tail", [])]
+    if key and any("dist_graph.py" in line or "ndata[" in line for line in frames):
+        return (f"'{key[1]}' is node data the partition does not have: dgl_job_node_data_names serves a partition's "
+                f"names under those your program reads (e.g. {{feat: {key[1]}}})")
+    return ""
+
+
 def history(job_dir: Path) -> list[dict[str, Any]]:
-    """Each failed attempt that was restarted (attempts/<n>/), oldest first, with its cause."""
+    """Each failed attempt that was restarted (attempts/<n>/), oldest first, with its cause and the time of its
+    FAILED record ("failed_time": the launcher's clock)."""
     numbers = sorted(int(path.parent.name) for path in job_dir.glob("attempts/*/FAILED") if path.parent.name.isdigit())
-    return [{"attempt": n, "started": (read_json(job_dir / "attempts" / str(n) / "FAILED") or {}).get("started", True),
-             **cause_of(job_dir, n)} for n in numbers]
-
-
-def same_error(causes: list[dict[str, Any]]) -> bool:
-    """Two or more attempts ran and every one failed with the same error at the same place."""
-    return len(causes) > 1 and len({json.dumps(signature(cause)) for cause in causes}) == 1
+    found = []
+    for n in numbers:
+        failed = failed_file(job_dir / "attempts" / str(n)) or {}
+        found.append({"attempt": n, "started": failed.get("started", True), "failed_time": failed.get("time"),
+                      **cause_of(job_dir, n)})
+    return found

@@ -12,6 +12,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dglkit.printable import scrub
+
 if TYPE_CHECKING:
     import numpy as np
 
@@ -26,10 +28,12 @@ class UserError(Exception):
 
 
 def emit_result(result: dict[str, Any]) -> None:
-    """Print the machine-readable last line that playbooks read (must contain "changed")."""
+    """Print the machine-readable last line that playbooks read (must contain "changed"). Its strings may hold what
+    a job wrote (reasons, log tails, file names, command lines): none of them carries a control character on to
+    the controller's terminal."""
     assert "changed" in result
     sys.stdout.flush()
-    print(json.dumps(result, sort_keys=True), flush=True)
+    print(json.dumps(scrub(result), sort_keys=True), flush=True)
 
 
 def peak_rss_mb() -> float:

@@ -16,6 +16,7 @@ the job account with the node environment's Python: that it runs at all is part 
 
 import argparse
 import fnmatch
+import glob
 import hashlib
 import importlib.util
 import json
@@ -28,13 +29,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from dglkit import lock
+from dglkit import jobfiles, lock
 from dglkit.common import UserError, emit_result, read_json, replace_file
 from dglkit.jobstate import earlier_run
 
 UNIT = "dglkit-job.service"
 UNIT_FILE = Path("/etc/systemd/system") / UNIT
-SHOW = ("LoadState", "ActiveState", "UnitFileState", "WorkingDirectory", "Description")
+SHOW = ("LoadState", "ActiveState", "UnitFileState", "WorkingDirectory", "Description", "ExecStart")
+# The launcher's flags in the job unit's command (roles/dgl_job: __dgl_job_launch), as job.json's keys: root's record
+# of what the job was started with. The job can rewrite job.json, never the unit.
+RECORDED = {"--num-servers": "num_servers", "--master-port": "master_port", "--part-config": "part_config"}
 # DGL names the graph's segments after the graph and the KVStore's after the data ("node~_N~feat-kvdata-").
 SHM_PATTERNS = ("node~*", "edge~*")
 STOP_NOTE = "stopped by playbooks/stop.yml\n"
@@ -93,7 +97,16 @@ def describe(props: dict[str, str], node: str = "") -> dict[str, Any]:
     return {"loaded": props.get("LoadState", "not-found") != "not-found", "running": running,
             "state": props.get("ActiveState", "inactive"), "enabled": props.get("UnitFileState") == "enabled",
             "job_dir": props.get("WorkingDirectory", ""), "description": props.get("Description", UNIT),
-            "line": f"{node}: {line}" if node else line}
+            "launched": launched_with(props.get("ExecStart", "")), "line": f"{node}: {line}" if node else line}
+
+
+def launched_with(exec_start: str) -> dict[str, Any]:
+    """The RECORDED flags of the unit's command (`systemctl show -p ExecStart`: "{ path=… ; argv[]=… ; … }"), in
+    range; {} for a unit written before the unit recorded them."""
+    argv = exec_start.partition("argv[]=")[2].partition(" ; ")[0].split()
+    found = {RECORDED[flag]: int(value) if value.isdigit() else value
+             for flag, value in zip(argv, argv[1:]) if flag in RECORDED}
+    return jobfiles.typed(found, jobfiles.JOB)[0]
 
 
 def show_unit(node: str = "") -> dict[str, Any]:
@@ -214,10 +227,13 @@ def still_listening(ports: list[int], wait: float) -> list[int]:
 
 
 def leftovers(job_dir: str, config: dict[str, Any], args: argparse.Namespace, shm: Path = Path("/dev/shm")) -> list[str]:
-    """What a stopped job left on this host, in words; its ports get --ports-wait seconds to close."""
-    servers = int(config.get("num_servers", args.servers))
-    ports = [*range(args.server_port, args.server_port + servers), int(config.get("master_port", args.master_port))]
-    graph = Path(config["part_config"]).stem if config.get("part_config") else args.graph
+    """What a stopped job left on this host, in words; its ports get --ports-wait seconds to close. config: what
+    the job was started with (num_servers, master_port, part_config, each typed and in range), else the command's
+    own settings."""
+    servers = config.get("num_servers", args.servers)
+    ports = [*range(args.server_port, args.server_port + servers), config.get("master_port", args.master_port)]
+    # A name from a file, matched literally: a "*" in it is no pattern that takes in every segment of the host.
+    graph = glob.escape(Path(config["part_config"]).stem) if config.get("part_config") else args.graph
     busy = still_listening(ports, args.ports_wait)
     processes, segments = job_processes(job_dir), shm_segments(graph, shm)
     return ((["processes " + ", ".join(processes)] if processes else [])
@@ -255,8 +271,9 @@ def stop(args: argparse.Namespace) -> dict[str, Any]:
     if unit["enabled"]:
         systemctl("disable")
     if job_dir:
-        config = as_account(args.user, lambda: read_json(Path(job_dir) / "job.json")) or {}
-        result["left"] = leftovers(job_dir, config, args)
+        # job.json only for what the unit does not record (a unit of an earlier version): the job may rewrite it.
+        config = as_account(args.user, lambda: jobfiles.record(Path(job_dir) / "job.json", jobfiles.JOB)) or {}
+        result["left"] = leftovers(job_dir, {**config, **(unit["launched"] if unit["job_dir"] else {})}, args)
     return result
 
 

@@ -2,30 +2,39 @@
 metrics.jsonl): what `dglkit watch` reports, `dglkit report` summarises and train.yml's pre-flight finds of an
 earlier run.
 
-A node whose status.json is missing or older than `stale_after` seconds (launcher dead, host down) counts as
+Every file here is the job's to write: they are read through dglkit/jobfiles.py (typed, printable). A node whose
+status.json is missing, not a launcher's, or older than `stale_after` seconds (launcher dead, host down) counts as
 failed once the wait is over (`final`), when the job has no restarts (with restarts the launchers judge that,
 and the job fails here only when every node is silent). Ages are judged on one clock: status.json's
 modification time against a file written in the same directory, both stamped by the shared filesystem, so a
 node whose clock is off is not mistaken for a silent one.
 """
 
-import json
 import os
 from pathlib import Path
 
-from dglkit.blame import cause_of, history, repeats, same_error
-from dglkit.common import CHECKPOINT, UserError, file_kind, read_json, read_text, shared_fs_now
+from dglkit import jobfiles
+from dglkit.blame import advice, cause_of, failed_file, repeats, same_error
+from dglkit.common import CHECKPOINT, UserError, file_kind, read_text, shared_fs_now
+
+# watch's own states of a node whose launcher says nothing: no status.json, one that is not what a launcher writes
+# (the job's doing), one not updated for --stale-after seconds.
+SILENT = ("missing", "unreadable", "stale")
 
 
 def node_states(job_dir: Path, nodes: list[str], stale_after: float) -> dict[str, dict]:
-    """name -> {"state", "reason", "attempt"}; "missing" and "stale" are watch's own states for silent nodes."""
+    """name -> {"state", "reason", "attempt"}, with watch's own states for silent nodes (SILENT)."""
     states: dict[str, dict] = {}
     now = shared_fs_now(job_dir)
     for node in nodes:
         path = job_dir / "nodes" / node / "status.json"
-        status = read_json(path)
-        if status is None:
+        try:
+            status = jobfiles.load(path, jobfiles.STATUS, required=("state",))
+        except FileNotFoundError:
             states[node] = {"state": "missing", "reason": f"no {path}"}
+            continue
+        except jobfiles.Unreadable as error:
+            states[node] = {"state": "unreadable", "reason": str(error)}
             continue
         states[node] = {"state": status.get("state"), "reason": status.get("reason", ""),
                         "attempt": status.get("attempt", 1)}
@@ -45,9 +54,9 @@ def latest_progress(job_dir: Path) -> dict | None:
         return None
     for line in reversed(lines):
         try:
-            record = json.loads(line)
-        except ValueError:
-            continue  # a line being written right now
+            record = jobfiles.event(line)
+        except jobfiles.Unreadable:
+            continue  # a line being written right now, or the job's doing
         if record.get("event") == "epoch":
             return record
     return None
@@ -57,14 +66,15 @@ def snapshot(job_dir: Path, nodes: list[str], stale_after: float, final: bool) -
     """The job's state: running, restarting (an attempt failed, restarts are left), succeeded, failed or
     stopped (STOP: stop.yml asked). Silent nodes fail it only when `final` (the wait is over)."""
     states = node_states(job_dir, nodes, stale_after)
-    config = read_json(job_dir / "job.json") or {}
+    config = jobfiles.record(job_dir / "job.json", jobfiles.JOB) or {}
     max_restarts = config.get("max_restarts", 0)
-    failed = read_json(job_dir / "FAILED")
+    # A FAILED whose fields are not what a launcher writes still fails the job: its fields count as absent.
+    failed = failed_file(job_dir)
     attempt = max([s.get("attempt", 1) for s in states.values()] + [(failed or {}).get("attempt", 1)])
     result = {"state": "running", "nodes": {name: s["state"] for name, s in states.items()}, "attempt": attempt,
               "max_restarts": max_restarts, "progress": latest_progress(job_dir), "failed_node": None, "reason": "",
               "changed": False}
-    silent = [name for name, s in states.items() if s["state"] in ("missing", "stale")]
+    silent = [name for name, s in states.items() if s["state"] in SILENT]
     bad = [name for name, s in states.items() if s["state"] in ("failed", "stopped")]
     if final and silent and (max_restarts == 0 or len(silent) == len(states)):
         bad += silent
@@ -93,15 +103,19 @@ def verdict(job_dir: Path, failed: dict, max_restarts: int) -> dict:
     attempt, started = failed.get("attempt", 1), failed.get("started", True)
     cause = cause_of(job_dir, attempt)
     ran = attempt if started else attempt - 1
-    causes = [past for past in history(job_dir) if past["started"]] + ([cause] if started else [])
-    same = same_error(causes)
+    same = same_error(job_dir, failed)
     checkpoint = (job_dir / CHECKPOINT).exists()
     message = f"failed on {cause['node']}: {cause['process']}: {cause['reason']}"
     if cause["where"]:
         message += f" (at {cause['where']})"
-    if cause["consequences"]:
-        message += "; stopped because of it: " + ", ".join(
-            f"{c['node']} {c['process']} ({shorten(c['reason'], 120)})" for c in cause["consequences"])
+    # A process that lost its peer stopped because of the cause; one with an error of its own failed on its own.
+    for victims, heading in ((True, "stopped because of it"), (False, "also failed on its own")):
+        others = [c for c in cause["consequences"] if c["victim"] is victims]
+        if others:
+            message += f"; {heading}: " + ", ".join(
+                f"{c['node']} {c['process']} ({shorten(c['reason'], 120)})" for c in others)
+    if advice(cause):
+        message += "; " + advice(cause)
     if same:
         message += f"; failed {ran} times with the same error"
         if attempt <= max_restarts:
@@ -157,7 +171,7 @@ def earlier_settings(path: Path) -> dict:
         kind = file_kind(os.lstat(path))
     except FileNotFoundError:
         kind = "missing"
-    return {"kind": kind, "value": read_json(path)}
+    return {"kind": kind, "value": jobfiles.record(path, {})}
 
 
 def earlier_run(job_dir: Path, nodes: list[str], stale_after: float) -> dict:

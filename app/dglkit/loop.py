@@ -8,6 +8,7 @@ one step and how to evaluate; everything else is here, so that every task checkp
 import argparse
 import copy
 import json
+import os
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -57,7 +58,9 @@ def fit(args: argparse.Namespace, task: Task) -> None:
     if metrics:
         if first_epoch:
             # Kept in the history, so that the summary can count every restart and the time it cost.
-            history.append({"event": "resume", "epoch": first_epoch, "time": time.time()})
+            # The attempt (the launcher's DGLKIT_ATTEMPT) pairs it with the failure it recovered from.
+            history.append({"event": "resume", "epoch": first_epoch, "time": time.time(),
+                            "attempt": int(os.environ.get("DGLKIT_ATTEMPT", "1"))})
             restored = f" with {restored_rows} rows of learnt embeddings" if task.embeddings else ""
             log(rank, f"resumed from {out_dir / CHECKPOINT} at epoch {first_epoch}{restored}")
         # A resumed run rewrites the curves up to its checkpoint, so they continue without the lost epochs.

@@ -27,14 +27,28 @@ import numpy as np
 
 from dglkit import ptscotch
 from dglkit.common import UserError, emit_result, peak_rss_mb, read_json, write_json
-from dglkit.mpicomm import BATCH_EDGES, PROGRESS, ArraysInput, exchange, lookup, mpi_main, owner, padded, ranges, rounds
+from dglkit.mpicomm import (
+    BATCH_EDGES,
+    PROGRESS,
+    ArraysInput,
+    ChunkedInput,
+    exchange,
+    lookup,
+    mpi_main,
+    owner,
+    padded,
+    ranges,
+    rounds,
+)
 
 TRAIN_MASK = "train_mask"
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="mpirun -np W python -m dglkit.mpiassign")
-    parser.add_argument("--dataset-dir", required=True, type=Path, help="a dataset prepared with --arrays")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--dataset-dir", type=Path, help="a dataset prepared with --arrays")
+    source.add_argument("--chunked", type=Path, help="a graph in DGL's chunked format (its metadata.json's directory)")
     parser.add_argument("--out", required=True, type=Path, help="assignment directory (replaced when complete)")
     parser.add_argument("--num-parts", required=True, type=int)
     parser.add_argument("--vertex-weight", choices=("nodes", "degree"), default="nodes",
@@ -42,6 +56,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--strategy", choices=tuple(ptscotch.STRATEGIES), default="quality",
                         help="PT-Scotch's strategy flag (%(default)s)")
     parser.add_argument("--imbalance", type=float, default=0.03, help="load imbalance allowed (%(default)s)")
+    parser.add_argument("--seed", type=int, default=0, help="PT-Scotch's random seed (%(default)s)")
     parser.add_argument("--batch-edges", type=int, default=BATCH_EDGES, help="edges per exchange round")
     args = parser.parse_args(argv)
     if not 0 < args.imbalance < 1 or args.batch_edges < 1:
@@ -51,7 +66,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 def program(comm: Any, argv: list[str]) -> int:
     args = parse(argv)
-    data = ArraysInput(args.dataset_dir)
+    data = ChunkedInput(args.chunked) if args.chunked else ArraysInput(args.dataset_dir)
     if not 2 <= args.num_parts <= data.num_nodes:
         raise UserError(f"--num-parts must be between 2 and the {data.num_nodes} nodes, got {args.num_parts}")
     rank, size = comm.Get_rank(), comm.Get_size()
@@ -61,13 +76,14 @@ def program(comm: Any, argv: list[str]) -> int:
     keys, in_degree = shuffle(comm, data, starts, args.batch_edges)
     indptr, indices = local_csr([keys], len(in_degree), data.num_nodes)
     del keys
-    shuffled = time.perf_counter()
+    shuffled, shuffle_peak = time.perf_counter(), peak_rss_mb()
     weights = None if args.vertex_weight == "nodes" else 1 + in_degree
     PROGRESS.phase("partition")
-    parts = ptscotch.partition(comm, indptr, indices, args.num_parts, weights, args.strategy, args.imbalance)
+    parts = ptscotch.partition(comm, indptr, indices, args.num_parts, weights, args.strategy, args.imbalance,
+                               args.seed)
     partitioned = time.perf_counter()
     train = (data.node_rows(TRAIN_MASK, starts[rank], starts[rank + 1]).astype(bool)
-             if TRAIN_MASK in data.node_data else None)
+             if isinstance(data, ArraysInput) and TRAIN_MASK in data.node_data else None)
     counts = comm.allreduce(part_counts(parts, in_degree, train, args.num_parts))
     cut = edge_cut(comm, parts, indptr, indices, starts)
     tmp = args.out.with_name(f".{args.out.name}.partial")
@@ -78,12 +94,14 @@ def program(comm: Any, argv: list[str]) -> int:
     comm.Barrier()
     np.save(tmp / f"assignment-{rank}.npy", parts.astype(np.int32))
     ranks = comm.gather({"rank": rank, "host": os.uname().nodename, "peak_rss_mb": round(peak_rss_mb()),
+                         "shuffle_peak_rss_mb": round(shuffle_peak),
                          "shuffle_s": round(shuffled - started, 3), "partition_s": round(partitioned - shuffled, 3)})
     if rank == 0:
         manifest = {"complete": True, "num_nodes": data.num_nodes, "num_edges": data.num_edges,
-                    "dataset_fingerprint": data.dataset.get("fingerprint"), "num_parts": args.num_parts,
+                    "dataset_fingerprint": data.fingerprint, "num_parts": args.num_parts,
                     "slices": [[int(a), int(b)] for a, b in zip(starts[:-1], starts[1:])],
                     "vertex_weight": args.vertex_weight, "strategy": args.strategy, "imbalance": args.imbalance,
+                    "seed": args.seed,
                     "parts": [{"part": p, "nodes": int(n), "edges": int(e), "train_nodes": int(t)}
                               for p, (n, e, t) in enumerate(counts.T)],
                     "edge_cut": cut, "ranks": ranks, "seconds": round(time.perf_counter() - started, 3)}
@@ -97,7 +115,7 @@ def program(comm: Any, argv: list[str]) -> int:
     return 0
 
 
-def shuffle(comm: Any, data: ArraysInput, starts: np.ndarray, batch: int) -> tuple[np.ndarray, np.ndarray]:
+def shuffle(comm: Any, data: ArraysInput | ChunkedInput, starts: np.ndarray, batch: int) -> tuple[np.ndarray, np.ndarray]:
     """This rank's adjacency keys (owned - first owned) * N + neighbour, both directions of every edge, self
     loops left out, duplicates still in; and the in-degree of each owned node (every edge counted)."""
     rank, size = comm.Get_rank(), comm.Get_size()
@@ -111,8 +129,8 @@ def shuffle(comm: Any, data: ArraysInput, starts: np.ndarray, batch: int) -> tup
     keys = np.empty(int(to_receive.sum()), np.int64)
     filled = 0
     in_degree = np.zeros(int(starts[rank + 1]) - first, np.int64)
-    begin, end = data.edge_range(rank, size)
-    for _, src, dst in padded(data.edge_batches(rank, size, batch), rounds(comm, end - begin, batch)):
+    count = rounds(comm, data.share_edges(rank, size), batch)
+    for _, src, dst in padded(data.edge_batches(rank, size, batch), count):
         loop = src == dst
         forward, _ = exchange(comm, np.stack([src[~loop], dst[~loop]], 1), owner(src[~loop], starts))
         backward, _ = exchange(comm, np.stack([dst, src], 1), owner(dst, starts))  # every edge: in-degrees

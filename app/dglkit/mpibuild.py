@@ -47,7 +47,7 @@ def check_assignment(args: argparse.Namespace, data: ArraysInput, num_parts: int
     manifest = read_json(args.assignment / "manifest.json")
     if not manifest or not manifest.get("complete"):
         raise UserError(f"{args.assignment} holds no complete assignment: run dglkit.mpiassign first")
-    if manifest["num_nodes"] != data.num_nodes or manifest["dataset_fingerprint"] != data.dataset.get("fingerprint"):
+    if manifest["num_nodes"] != data.num_nodes or manifest["dataset_fingerprint"] != data.fingerprint:
         raise UserError(f"{args.assignment} is the assignment of another dataset than {args.dataset_dir}")
     if manifest["num_parts"] != num_parts:
         raise UserError(f"{args.assignment} has {manifest['num_parts']} parts: run with mpirun -np {manifest['num_parts']}")
@@ -75,11 +75,11 @@ def program(comm: Any, argv: list[str]) -> int:
     PROGRESS.phase("count edges")
     edge_starts, before = edge_ranges(comm, data, starts, table, args.batch_edges)
     PROGRESS.phase("send edges")
-    inner, candidates, cut = send_edges(comm, data, starts, table, edge_starts[:-1] + before, args.batch_edges)
+    inner, candidates, cut = send_edges(comm, data, starts, table, edge_starts, before, args.batch_edges)
     del table
-    write_at(tmp / "orig_eids.npy", offsets, int(edge_starts[rank]), inner[:, 1])
+    write_at(tmp / "orig_eids.npy", offsets, int(edge_starts[rank]), inner[:, 0])
     PROGRESS.phase("write")
-    halo = write_part_graph(part_dir, rank, node_starts, inner, candidates)
+    halo = write_part_graph(part_dir, rank, node_starts, int(edge_starts[rank]), inner, candidates)
     counts = {"part": rank, "nodes": int(node_starts[rank + 1] - node_starts[rank]), "edges": len(inner),
               "train_nodes": train_nodes, "halo_nodes": halo}
     del inner, candidates
@@ -157,8 +157,8 @@ def ends(comm: Any, data: ArraysInput, starts: np.ndarray, table: np.ndarray, ba
     """(first edge ID, source (part, new ID) rows, destination rows, source IDs) of this rank's edges, a
     batch a round; empty batches once its share is done, until every rank's is."""
     rank, size = comm.Get_rank(), comm.Get_size()
-    begin, end = data.edge_range(rank, size)
-    for first, src, dst in padded(data.edge_batches(rank, size, batch), rounds(comm, end - begin, batch)):
+    count = rounds(comm, data.share_edges(rank, size), batch)
+    for first, src, dst in padded(data.edge_batches(rank, size, batch), count):
         rows = lookup(comm, np.concatenate([src, dst]), starts, table)
         yield first, rows[:len(src)], rows[len(src):], src
 
@@ -174,32 +174,36 @@ def edge_ranges(comm: Any, data: ArraysInput, starts: np.ndarray, table: np.ndar
     return np.concatenate([[0], np.cumsum(every.sum(0))]), every[:comm.Get_rank()].sum(0)
 
 
-def send_edges(comm: Any, data: ArraysInput, starts: np.ndarray, table: np.ndarray, next_id: np.ndarray, batch: int
-               ) -> tuple[np.ndarray, np.ndarray, int]:
-    """This part's in-edges as rows (new ID, original ID, new source, new destination) and the other parts'
-    edges out of its nodes into theirs as rows (new ID, new source, new destination), both in new-ID order;
-    and how many of this rank's edges join two parts. next_id[q]: the new ID of this rank's first edge into q."""
-    inner, candidates, cut = [], [], 0
+def send_edges(comm: Any, data: ArraysInput, starts: np.ndarray, table: np.ndarray, edge_starts: np.ndarray,
+               before: np.ndarray, batch: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """This part's in-edges as rows (original ID, new source, new destination), row i the one of new ID
+    edge_starts[p] + i; the other parts' edges out of its nodes into theirs as rows (new ID, new source, new
+    destination) in new-ID order; and how many of this rank's edges join two parts. before[q]: the edges into
+    part q of the ranks before this one."""
+    first_id = int(edge_starts[comm.Get_rank()])
+    next_id = edge_starts[:-1] + before  # per part: the new ID of this rank's next edge into it
+    inner = np.empty((int(edge_starts[comm.Get_rank() + 1]) - first_id, 3), np.int64)
+    candidates, cut = [], 0
     for first, src_rows, dst_rows, src in ends(comm, data, starts, table, batch):
         new_eids = numbered(dst_rows[:, 0], next_id)
         next_id += np.bincount(dst_rows[:, 0], minlength=len(next_id))
         orig = np.arange(first, first + len(src))
         received, _ = exchange(comm, np.stack([new_eids, orig, src_rows[:, 1], dst_rows[:, 1]], 1), dst_rows[:, 0])
-        inner.append(received)
-        crossing = src_rows[:, 0] != dst_rows[:, 0]
-        cut += int(np.count_nonzero(crossing))
-        received, _ = exchange(comm, np.stack([new_eids, src_rows[:, 1], dst_rows[:, 1]], 1)[crossing],
+        inner[received[:, 0] - first_id] = received[:, 1:]  # each row at its place: no sort
+        crossing = np.flatnonzero(src_rows[:, 0] != dst_rows[:, 0])
+        cut += len(crossing)
+        received, _ = exchange(comm, np.stack([new_eids[crossing], src_rows[crossing, 1], dst_rows[crossing, 1]], 1),
                                src_rows[crossing, 0])
         candidates.append(received)
-    inner_rows, candidate_rows = (np.concatenate(rows) for rows in (inner, candidates))
-    return inner_rows[np.argsort(inner_rows[:, 0])], candidate_rows[np.argsort(candidate_rows[:, 0])], cut
+    candidate_rows = np.concatenate(candidates)
+    return inner, candidate_rows[np.argsort(candidate_rows[:, 0])], cut
 
 
-def write_part_graph(part_dir: Path, p: int, node_starts: np.ndarray, inner: np.ndarray, candidates: np.ndarray
-                     ) -> int:
+def write_part_graph(part_dir: Path, p: int, node_starts: np.ndarray, first_id: int, inner: np.ndarray,
+                     candidates: np.ndarray) -> int:
     """graph.dgl of part p from its in-edges and the candidates; return its number of halo nodes."""
     node_start, num_owned = int(node_starts[p]), int(node_starts[p + 1] - node_starts[p])
-    sources = inner[:, 2]
+    sources = inner[:, 1]
     halo = np.unique(sources[(sources < node_start) | (sources >= node_start + num_owned)])
     outer = candidates[np.isin(candidates[:, 2], halo)]
 
@@ -207,10 +211,11 @@ def write_part_graph(part_dir: Path, p: int, node_starts: np.ndarray, inner: np.
         owned = (new >= node_start) & (new < node_start + num_owned)
         return np.where(owned, new - node_start, num_owned + np.searchsorted(halo, new))
 
-    edge_ends = np.concatenate([np.stack([local(inner[:, 2]), local(inner[:, 3])]),
-                                np.stack([local(outer[:, 1]), local(outer[:, 2])])], 1)
+    edge_ends = np.empty((2, len(inner) + len(outer)), np.int64)
+    for end in (0, 1):
+        edge_ends[end, :len(inner)], edge_ends[end, len(inner):] = local(inner[:, 1 + end]), local(outer[:, 1 + end])
     leanpart.save_part_graph(part_dir, p, node_start, num_owned, halo, owner(halo, node_starts), edge_ends,
-                             np.concatenate([inner[:, 0], outer[:, 0]]), len(inner))
+                             np.concatenate([np.arange(first_id, first_id + len(inner)), outer[:, 0]]), len(inner))
     return len(halo)
 
 
@@ -218,8 +223,7 @@ def finish(args: argparse.Namespace, tmp: Path, data: ArraysInput, assignment: d
            edge_starts: np.ndarray, parts: list[dict[str, Any]], cut: int, seconds: float) -> None:
     """Rank 0, once every part is written: the config, the manifest (last), then the directory's own name."""
     leanpart.write_config(tmp, args.graph_name, "ptscotch", node_starts, edge_starts)
-    manifest = {"complete": True, "dataset_dir": str(args.dataset_dir.resolve()),
-                "dataset_fingerprint": data.dataset.get("fingerprint"),
+    manifest = {"complete": True, "dataset_dir": str(args.dataset_dir.resolve()), "dataset_fingerprint": data.fingerprint,
                 "part_config": f"{args.graph_name}.json", "num_parts": len(parts), "num_nodes": data.num_nodes,
                 "num_edges": data.num_edges, "parts": parts,
                 "edge_cut": {"count": cut, "fraction": round(cut / max(data.num_edges, 1), 6)},

@@ -97,6 +97,10 @@ def check(s: dict[str, Any], given: dict[str, Any]) -> list[str]:
          "dgl_job_task=node_classification, which trains RGCN on it)"),
         (s["graphbolt"] and hetero is True,
          "dgl_job_graphbolt=true: the RGCN trainer of heterogeneous graphs samples with DGL's own sampler"),
+        # DGL 2.1's distributed GraphBolt samples nodes alone: the edge loader calls find_edges, which it refuses.
+        (task == "link_prediction" and s["graphbolt"] and not s["program"],
+         "dgl_job_task=link_prediction with dgl_job_graphbolt=true: DGL 2.1's GraphBolt samples nodes only, not the "
+         "edges link prediction trains on (find_edges is not supported in GraphBolt); set dgl_job_graphbolt=false"),
         (s["weight_decay"] < 0 or s["sparse_lr"] <= 0, "dgl_job_weight_decay must be >= 0 and dgl_job_sparse_lr > 0"),
         (s["num_negs"] < 1 or s["eval_negs"] < 1, "dgl_job_num_negs and dgl_job_eval_negs must be >= 1"),
         (task == "link_prediction" and not (s["link_val_frac"] > 0 and s["link_test_frac"] > 0

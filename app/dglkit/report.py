@@ -9,12 +9,12 @@ MRR (val_mrr). Nothing is rewritten when the summary is unchanged.
 
 import argparse
 import io
-import json
 import shlex
 import statistics
 from pathlib import Path
 from typing import Any
 
+from dglkit import jobfiles
 from dglkit.blame import history
 from dglkit.common import UserError, emit_result, is_regular, read_json, read_text, replace_file, write_json
 from dglkit.jobstate import snapshot
@@ -38,7 +38,8 @@ def write_summary(job_dir: Path) -> dict[str, Any]:
     if not epochs and not (job_dir / "nodes").is_dir():
         raise UserError(f"{job_dir / 'metrics.jsonl'} has no epoch line and no node ran in {job_dir}: pass the "
                         "directory of a job that started")
-    summary = summarise(job_dir, events, read_json(job_dir / "result.json"))
+    # result.json holds the test event's figures (and the run's settings).
+    summary = summarise(job_dir, events, jobfiles.record(job_dir / "result.json", jobfiles.EVENT))
     outputs = [job_dir / name for name in ("summary.json", "summary.txt", "curves.png")]
     if read_json(outputs[0]) == summary and all(map(is_regular, outputs[:3 if epochs else 2])):
         return {"changed": False, "summary": str(outputs[1]), **headline(summary)}
@@ -60,20 +61,20 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
     events = []
     for number, line in enumerate(lines, 1):
         try:
-            events.append(json.loads(line))
-        except ValueError:
+            events.append(jobfiles.event(line))
+        except jobfiles.Unreadable as error:
             if number < len(lines):  # a killed trainer may leave half a last line; anything else is corrupt
-                raise UserError(f"{path}:{number}: not a JSON line") from None
+                raise UserError(f"{path}:{number} {error}") from None
     return events
 
 
 def summarise(job_dir: Path, events: list[dict[str, Any]], result: dict[str, Any] | None) -> dict[str, Any]:
     """What ran and how it ended, each attempt, and (once an epoch is done) the training figures."""
-    config = read_json(job_dir / "job.json") or {}
+    config = jobfiles.record(job_dir / "job.json", jobfiles.JOB) or {}
     start = next((event for event in events if event.get("event") == "start"), {})
     epochs = [event for event in events if event.get("event") == "epoch"]
     part_config = start.get("part_config") or config.get("part_config")
-    partition = read_json(Path(part_config)) if part_config else None
+    partition = jobfiles.record(Path(part_config), jobfiles.PARTITION) if part_config else None
     machines = partition.get("num_parts") if partition else None
     ending = outcome(job_dir, config)
     summary = {
@@ -83,7 +84,8 @@ def summarise(job_dir: Path, events: list[dict[str, Any]], result: dict[str, Any
                                               if "train_args" in config else None),
         "nodes": config.get("nodes", []), "state": ending.get("state"), "outcome": ending.get("message"),
         "attempts_run": ending.get("attempts_run", ending.get("attempt")), "restarts": restarts(job_dir, events),
-        "epochs": len(epochs), "planned_epochs": start.get("num_epochs"), "progress": epochs[-1] if epochs else None,
+        "metrics_written": bool(events), "epochs": len(epochs), "planned_epochs": start.get("num_epochs"),
+        "progress": epochs[-1] if epochs else None,
     }
     summary["title"] = f"{summary['dataset'] or job_dir.name}: {machines or '?'} machines"
     if epochs:
@@ -134,27 +136,56 @@ def task_metric(epochs: list[dict[str, Any]]) -> str:
 
 
 def restarts(job_dir: Path, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each failed attempt that was restarted: the process that failed first, the epoch it resumed at and the time
-    lost (from the checkpointed epoch to the resumed start: the work redone plus the downtime). A program that
-    writes no checkpoint (no "resume" record) started over."""
-    resumes = [event for event in events if event.get("event") == "resume"]
+    """Each failed attempt that was restarted: the process that failed first, the epoch the next attempt resumed at
+    and the time lost (from the checkpointed epoch to the resumed start: the work redone plus the downtime). An
+    attempt whose successor left no "resume" record (a program that writes no checkpoint) started over."""
+    failures = history(job_dir)
+    resumes = resumes_by_attempt(job_dir, events, [past["failed_time"] for past in failures])
     found = []
-    for past in history(job_dir):
-        resume = resumes.pop(0) if resumes else None
-        checkpointed = next((event for event in events if resume and event.get("event") == "epoch"
-                             and event["epoch"] == resume["epoch"] - 1 and "time" in event), None)
+    for past in failures:
+        resume = resumes.get(past["attempt"] + 1, {})
         found.append({"attempt": past["attempt"], "node": past["node"], "process": past["process"],
-                      "reason": past["reason"], "resumed_at_epoch": resume["epoch"] if resume else None,
-                      "time_lost": resume["time"] - checkpointed["time"] if resume and checkpointed else None})
+                      "reason": past["reason"], "resumed_at_epoch": resume.get("epoch"),
+                      "time_lost": resume.get("time_lost")})
     return found
+
+
+def resumes_by_attempt(job_dir: Path, events: list[dict[str, Any]],
+                       failed_times: list[float | None]) -> dict[int, dict[str, Any]]:
+    """attempt -> {"epoch", "time_lost"} of the "resume" record that attempt wrote. A resume loads the last
+    checkpoint, whose curves may lack an earlier attempt's resume (that attempt failed before it checkpointed), so
+    every attempt's metrics.jsonl as it was (attempts/<n>/) is read too. A record names its attempt; one that does
+    not (a program's own) belongs to the attempt running at its time: after the failures before it."""
+    files = [events] + [read_events(path) for path in sorted(job_dir.glob("attempts/*/metrics.jsonl"))]
+    found: dict[int, dict[str, Any]] = {}
+    for lines in files:
+        for index, event in enumerate(lines):
+            if event.get("event") != "resume" or not isinstance(event.get("epoch"), int):
+                continue
+            attempt = event.get("attempt") or 1 + sum(isinstance(t, (int, float)) and t < event.get("time", 0)
+                                                      for t in failed_times)
+            checkpointed = next((earlier for earlier in reversed(lines[:index]) if earlier.get("event") == "epoch"
+                                 and earlier.get("epoch") == event["epoch"] - 1 and "time" in earlier), None)
+            found[attempt] = {"epoch": event["epoch"], "time_lost": event["time"] - checkpointed["time"]
+                              if checkpointed and "time" in event else None}
+    return found
+
+
+def read_events(path: Path) -> list[dict[str, Any]]:
+    """An earlier attempt's metrics.jsonl; none when it cannot be read as the report reads the current one."""
+    try:
+        return read_metrics(path)
+    except UserError:
+        return []
 
 
 def describe_dataset(part_config: str | None) -> str | None:
     """'<source> (N nodes, E edges)' through the partition's manifest and the dataset it names."""
     if not part_config:
         return None
-    manifest = read_json(Path(part_config).parent / "manifest.json")
-    dataset = read_json(Path(manifest["dataset_dir"]) / "dataset.json") if manifest else None
+    manifest = jobfiles.record(Path(part_config).parent / "manifest.json", jobfiles.MANIFEST) or {}
+    dataset = jobfiles.record(Path(manifest["dataset_dir"]) / "dataset.json", jobfiles.DATASET,
+                              required=("source", "num_nodes", "num_edges")) if "dataset_dir" in manifest else None
     if not dataset:
         return Path(part_config).stem
     return f"{dataset['source']} ({dataset['num_nodes']:,} nodes, {dataset['num_edges']:,} edges)"
@@ -176,7 +207,7 @@ def text(summary: dict[str, Any]) -> str:
     if summary["epochs"]:
         lines += training_lines(summary)
     else:
-        lines.append("progress        no epoch finished")
+        lines.append(f"progress        {no_epochs(summary)}")
     lines.append(f"job             {summary['job_dir']}")
     for restart in summary["restarts"]:
         lost = "?" if restart["time_lost"] is None else f"{restart['time_lost']:.0f} s"
@@ -185,6 +216,14 @@ def text(summary: dict[str, Any]) -> str:
         lines.append(f"restart         attempt {restart['attempt']} failed on {restart['node']} ({restart['process']}: "
                      f"{restart['reason']}); {again}")
     return "\n".join(lines) + "\n"
+
+
+def no_epochs(summary: dict[str, Any]) -> str:
+    """The progress of a job without epoch records: a program that ended well need not write any."""
+    if summary["state"] != "succeeded":
+        return "no epoch finished"
+    return ("the program finished; its metrics.jsonl has no epoch record" if summary["metrics_written"]
+            else "the program finished and wrote no metrics.jsonl")
 
 
 def training_lines(summary: dict[str, Any]) -> list[str]:

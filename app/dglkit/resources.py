@@ -46,8 +46,8 @@ def memory_estimate(stage: str, num_nodes: int, num_edges: int, feat_dim: int, n
 
 
 # `dglkit mpi` (the mpi builder), per rank: peak bytes per directed edge of its share of the graph, the larger of
-# the assignment's and the build's (bench/mpipart.py, BENCHMARKS.md: 105 over the imports at 0.5M edges), rounded up.
-MPI_PER_SHARE_EDGE = 120
+# the assignment's (PT-Scotch's) and the build's, over the imports (bench/mpipart.py, BENCHMARKS.md §11).
+MPI_PER_SHARE_EDGE = 165
 
 
 def mpi_rank_estimate(num_nodes: int, num_edges: int, feat_dim: int, ranks: int) -> int:

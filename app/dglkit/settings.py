@@ -151,7 +151,8 @@ SECTIONS: list[tuple[Section, list[Setting]]] = [
         Setting("server_threads", "int", 1, "OMP threads of each server.", LAUNCHER, JOB),
         Setting("trainer_threads", "int", 0, "OMP threads of each trainer; 0 picks max(cpus // 2 // trainers, 1).",
                 LAUNCHER, JOB),
-        Setting("graphbolt", "bool", False, "Sample with GraphBolt (the partition gets a GraphBolt graph too).",
+        Setting("graphbolt", "bool", False, "Sample with GraphBolt (the partition gets a GraphBolt graph too); not "
+                "with link_prediction (DGL 2.1's GraphBolt samples nodes only).",
                 TRAINER, JOB),
         Setting("memory_max", "str", "",
                 "MemoryMax= of the job unit on each worker (e.g. 48G, or 80% of the node's memory); empty for none. "
@@ -202,9 +203,11 @@ SECTIONS: list[tuple[Section, list[Setting]]] = [
              "curves."), [
         Setting("id", "str", "", "Job id; empty derives it from the settings and the partition.", PLAYBOOK),
         Setting("force", "bool", False, "Run again even when the job's finished result exists.", PLAYBOOK),
-        Setting("run_dir", "path", "{{ playbook_dir }}/../runs",
-                "Controller directory that receives <job id>/ with logs, metrics and summary.", PLAYBOOK,
-                shown="<playbook dir>/../runs", sample="comment", example="/path/to/runs"),
+        # The directory ansible-playbook runs in: a clone's root, or the project of the installed collection's user
+        # (the collection's own playbook directory is no place for results).
+        Setting("run_dir", "path", "{{ 'runs' | ansible.builtin.realpath }}",
+                "Controller directory that receives <job id>/ with logs, metrics, summary and TensorBoard curves.",
+                PLAYBOOK, shown="<current directory>/runs", sample="comment", example="/path/to/runs"),
         Setting("save_embeddings", "bool", False,
                 "Write and fetch node embeddings (embeddings.npy, all nodes in original order; large).", TRAINER, JOB),
         Setting("save_predictions", "bool", False,

@@ -1,8 +1,8 @@
 """Report a job's state across all nodes from the shared job directory (dglkit.jobstate).
 
 Prints one JSON line and returns as soon as the state changes, or the progress (not before --progress-after
-seconds), or after --wait seconds. A node whose status.json is missing or older than --stale-after seconds
-counts as failed once the wait is over (dglkit.jobstate says when). With --pack, a job that succeeded is
+seconds), or after --wait seconds. A node whose status.json is missing, not a launcher's or older than
+--stale-after seconds counts as failed once the wait is over (dglkit.jobstate says when). With --pack, a job that succeeded is
 summarised and packed in the same answer.
 """
 
@@ -16,6 +16,10 @@ from dglkit.jobstate import snapshot
 
 # Seconds between looks at the job directory: the end of a job is seen within this (a look is a few stats).
 POLL = 0.2
+# Longest wait, once a job has failed or been stopped, for its other nodes to say so: a live launcher does within a
+# poll of seeing FAILED or STOP, and the last line shows each node's final state, not the "running" before it.
+SETTLE = 5.0
+ACTIVE = ("starting", "running", "restarting")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -55,7 +59,19 @@ def run(args: argparse.Namespace) -> int:
             break
     if current["state"] in ("running", "restarting") and time.time() >= deadline:
         current = snapshot(job_dir, nodes, args.stale_after, final=True)
+    if args.wait > 0:
+        current = settled(job_dir, nodes, args.stale_after, current)
     if args.pack and current["state"] == "succeeded":
         current["packed"] = pack.collect(job_dir, args.pack, report=True)
     emit_result(current)
     return 0
+
+
+def settled(job_dir: Path, nodes: list[str], stale_after: float, current: dict) -> dict:
+    """A failed or stopped job once every node that still ran has stopped, or SETTLE seconds have passed."""
+    until = time.time() + SETTLE
+    while (current["state"] in ("failed", "stopped") and any(state in ACTIVE for state in current["nodes"].values())
+           and time.time() < until):
+        time.sleep(POLL)
+        current = snapshot(job_dir, nodes, stale_after, final=True)
+    return current

@@ -2,11 +2,14 @@
 
 train.yml waits for a job with a single `until` task (constant controller memory however long the job runs);
 Ansible reports each of its retries through v2_runner_retry, which the default callback prints as
-"FAILED - RETRYING". For a `dglkit watch` poll this prints the line the watch wrote instead.
+"FAILED - RETRYING". For a `dglkit watch` poll this prints the line the watch wrote instead, without a control
+character: the line carries what the job wrote (its epochs, its failure), and a terminal acts on an escape sequence.
 """
 
+import importlib.util
 import json
 import time
+from pathlib import Path
 
 from ansible.plugins.callback.default import CallbackModule as DefaultCallback
 
@@ -24,15 +27,23 @@ DOCUMENTATION = """
       - set as stdout_callback in ansible.cfg
 """
 
+# The app's own cleaner (standard library only), by its path: the controller does not install the app.
+_SPEC = importlib.util.spec_from_file_location(
+    "dglkit_printable", Path(__file__).resolve().parents[2] / "app" / "dglkit" / "printable.py")
+assert _SPEC is not None and _SPEC.loader is not None
+_CLEANER = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(_CLEANER)
+
 
 def watch_line(result: dict) -> str | None:
-    """The progress line of a `dglkit watch` result, or None for any other task."""
+    """The progress line of a `dglkit watch` result, one printable line, or None for any other task."""
     lines = result.get("stdout_lines") or [""]
     try:
         parsed = json.loads(lines[-1])
     except ValueError:
         return None
-    return parsed.get("line") if isinstance(parsed, dict) and "nodes" in parsed else None
+    line = parsed.get("line") if isinstance(parsed, dict) and "nodes" in parsed else None
+    return _CLEANER.printable(line, lines=False) if isinstance(line, str) else None
 
 
 class CallbackModule(DefaultCallback):

@@ -116,11 +116,11 @@ def ansible_env(env: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def ansible_playbook(inventory: Path, playbook: str, *args: str, check: bool = True, timeout: float | None = 1200,
-                     etc_hosts: Path | None = None, env: dict[str, str] | None = None) -> PlaybookRun:
-    """ansible-playbook from the repo root (its ansible.cfg applies), with `env` added to this environment;
-    `check` raises ClusterError on a non-zero exit."""
+                     etc_hosts: Path | None = None, env: dict[str, str] | None = None, cwd: Path = REPO) -> PlaybookRun:
+    """ansible-playbook from the repo root (its ansible.cfg applies; `cwd`: from there instead), with `env` added to
+    this environment; `check` raises ClusterError on a non-zero exit."""
     cmd = with_names([str(BIN / "ansible-playbook"), "-i", str(inventory), playbook, *args], etc_hosts)
-    proc = subprocess.run(cmd, cwd=REPO, env=ansible_env(env), capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(cmd, cwd=cwd, env=ansible_env(env), capture_output=True, text=True, timeout=timeout)
     output = proc.stdout + proc.stderr
     run = PlaybookRun(cmd, proc.returncode, output, parse_recap(proc.stdout))
     if check and proc.returncode:
@@ -210,9 +210,9 @@ class Cluster:
         return self.dir / "etc-hosts" if self.names else None
 
     def playbook(self, playbook: str, *args: str, check: bool = True, timeout: float | None = 1200,
-                 env: dict[str, str] | None = None) -> PlaybookRun:
+                 env: dict[str, str] | None = None, cwd: Path = REPO) -> PlaybookRun:
         return ansible_playbook(self.inventory, playbook, *args, check=check, timeout=timeout,
-                                etc_hosts=self.etc_hosts, env=env)
+                                etc_hosts=self.etc_hosts, env=env, cwd=cwd)
 
     def outsider(self, command: str, timeout: float = 60) -> subprocess.CompletedProcess:
         """A shell command in the cluster's outsider namespace: on the cluster network, in no inventory."""
@@ -223,13 +223,13 @@ class Cluster:
     def outsider_ip(self) -> str:
         return f"10.77.{self.state()['subnet']}.250"
 
-    def start_playbook(self, playbook: str, *args: str) -> subprocess.Popen:
+    def start_playbook(self, playbook: str, *args: str, cwd: Path = REPO) -> subprocess.Popen:
         """ansible-playbook in the background, in a session of its own (so that a test can SIGKILL it and every
-        process it forked with os.killpg); stdout and stderr in one pipe."""
+        process it forked with os.killpg); stdout and stderr in one pipe; from `cwd` (default: the repo root)."""
         cmd = with_names([str(BIN / "ansible-playbook"), "-i", str(self.inventory), playbook, *args], self.etc_hosts)
         # It must take the Ctrl-C a test sends even where pytest runs with SIGINT ignored (a background job of a
         # script), which exec would pass on.
-        return subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        return subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 start_new_session=True, env=ansible_env(),
                                 preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 

@@ -24,7 +24,7 @@ KEEP = os.environ.get("DGLKIT_KEEP_CLUSTERS") == "1"
 E2E_TIMEOUT = 1200
 
 
-# test_builtin_tasks, test_own_programs and test_train share the training cluster (train_cluster); the order of
+# test_builtin_tasks, test_collection, test_own_programs and test_train share the training cluster (train_cluster); the order of
 # the modules (test_site.py first, test_train.py last) is tests/conftest.py's.
 NODE3_NAME = "node3.cluster.test"
 

@@ -371,13 +371,20 @@ def test_stop_reports_what_a_job_left(site: Cluster) -> None:
                       f"-E DGL_ROLE=server {escaped}")
     leftover = "/dev/shm/node~_N~feat-kvdata-"
     site.ssh("node3", f"head -c 4096 /dev/zero > '{leftover}'")
+    # The job rewrote its job.json: a servers count root cannot use, sshd's port as its master port. The unit's
+    # command says what the job was started with.
+    rewrite = (f"import json; c = json.load(open('{job_dir}/job.json')); c.update(num_servers='x', master_port=22); "
+               f"json.dump(c, open('{job_dir}/job.json', 'w'))")
+    site.ssh("node2", f"cp -p {job_dir}/job.json /root/job.json.kept && runuser -u dglkit -- python3 -c \"{rewrite}\"")
     try:
         pid = site.ssh("node2", "systemctl show -P MainPID clm-escaped").stdout.strip()
         run = site.playbook("playbooks/stop.yml", check=False)
     finally:
         site.ssh("node2", "systemctl stop clm-escaped")
         site.ssh("node3", f"rm -f '{leftover}'")
+        site.ssh("node2", f"cp -p /root/job.json.kept {job_dir}/job.json && rm /root/job.json.kept")
     assert run.failed_hosts() == ["node2", "node3"], f"{run.recap}\n{run.output[-3000:]}"
+    assert "port(s) 22" not in run.flat(), run.output[-3000:]
     assert f"node2: the stopped job left processes {pid} (dglkit, clm-escaped.service: {escaped})" in run.flat(), \
         run.output[-3000:]
     assert f"node3: the stopped job left /dev/shm files {leftover}" in run.flat(), run.output[-3000:]

@@ -113,6 +113,9 @@ def test_train_across_hosts(site: Cluster, runs: Path) -> None:
     assert {"job.json", "metrics.jsonl", "result.json", "summary.json", "summary.txt", "curves.png"} <= \
         {p.name for p in folder.iterdir()}
     assert not (folder / "embeddings.npy").exists() and not (folder / "FAILED").exists()
+    # The curves in TensorBoard from a clone (ansible.cfg's action_plugins): one event file (test_collection.py and
+    # unit/test_tboard.py check what it holds).
+    assert len(list(folder.glob("events.out.tfevents.*"))) == 1
     for node, rank in (("node2", 0), ("node3", 1)):
         status = json.loads((folder / "nodes" / node / "status.json").read_text())
         assert status["state"] == "succeeded", status
@@ -289,6 +292,27 @@ def test_a_killed_server_fails_the_job_naming_its_host(site: Cluster, runs: Path
     # Detection, the stop of every node, the leftover checks and fetching the logs, under a loaded machine.
     assert time.time() - killed < 180
     assert json.loads((runs / "e2e-fault" / "FAILED").read_text())["node"] == "node3"
+    assert_clean(site)
+    # Run again and stop it: the run folder holds this run's files and the first run's under history/1/ (without
+    # its checkpoint), never a file of the first run beside this run's (its FAILED, its processes' failure records).
+    proc = start_train(site, runs, *ENDLESS, "-e", "dgl_job_id=e2e-fault", "-e", "dgl_job_max_restarts=0")
+    job_dir = site.workspace / "jobs" / "e2e-fault"
+    deadline = time.time() + 300
+    while not (job_dir / "history/1").is_dir():
+        assert time.time() < deadline and proc.poll() is None, "the first run was not moved to history/1/"
+        time.sleep(1)
+    wait_for_epoch(site, "e2e-fault", "node3")
+    site.playbook("playbooks/stop.yml")
+    # Stopped, or failed when a trainer lost its peer before its launcher saw STOP: the run folder is the same.
+    output = finish(proc, timeout=240)
+    assert "kept whole" not in flat(output), output[-4000:]
+    folder = runs / "e2e-fault"
+    fetched = {str(path.relative_to(folder)): path for path in folder.rglob("*") if path.is_file()}
+    assert not [name for name, path in fetched.items()
+                if not (job_dir / name).is_file() or (job_dir / name).read_bytes() != path.read_bytes()]
+    assert json.loads((folder / "history/1/FAILED").read_text())["node"] == "node3"
+    assert (job_dir / "history/1/checkpoint.pt").is_file() and "history/1/checkpoint.pt" not in fetched
+    assert sorted(path.name for path in runs.iterdir() if path.name.startswith("e2e-fault")) == ["e2e-fault"]
     assert_clean(site)
 
 

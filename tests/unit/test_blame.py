@@ -8,18 +8,20 @@ from pathlib import Path
 
 import pytest
 
+from dglkit.blame import repeats
 from localjob import assert_job_gone, free_ports, start_launch
 
 FAULTS = Path(__file__).resolve().parent / "faults"
 COMMAND = "python3 faults.py --graph_name {graph_name} --ip_config {ip_config} --part_config {part_config} "
 
 
-def start_faulty_job(job_dir: Path, part_config: Path, fail: str, *args: object, samplers: int = 0, fail_id: int = 1):
+def start_faulty_job(job_dir: Path, part_config: Path, fail: str, *args: object, samplers: int = 0, fail_id: int = 1,
+                     features: str = "feat"):
     base = free_ports(3)
     launch = start_launch(job_dir, "--local", "--part-config", part_config, "--node-name", "n1", "--num-servers", 2,
                           "--num-trainers", 2, "--num-samplers", samplers, "--server-port", base,
                           "--master-port", base + 2, "--grace", 5, "--program-dir", FAULTS, *args,
-                          "--command", COMMAND + f"--fail {fail} --fail_id {fail_id}")
+                          "--command", COMMAND + f"--fail {fail} --fail_id {fail_id} --features {features}")
     return launch, [base, base + 1, base + 2]
 
 
@@ -76,6 +78,24 @@ def test_the_same_error_without_progress_stops_the_restarts(cli, partition_1, tm
     summary = (job_dir / "summary.txt").read_text()
     assert code == 0 and "restart         attempt 1 failed on n1 (trainer-1: RuntimeError: injected trainer " \
         "failure in rank 1" in summary and "started over (no checkpoint)" in summary, summary
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_program_that_reads_node_data_the_partition_lacks_is_told_the_setting(cli, partition_1, tmp_path):
+    """A program that reads `features` (DGL's examples) from a partition whose node data is `feat`: every trainer
+    raises KeyError in DGL's DistGraph. The message names dgl_job_node_data_names, and a trainer that raised on its
+    own is never one that "stopped because of it"."""
+    job_dir = tmp_path / "job"
+    launch, _ = start_faulty_job(job_dir, partition_1, "none", features="features")
+    assert launch.wait(timeout=240) == 1, (job_dir / "launch.out").read_text()[-3000:]
+    code, watched, _ = cli("watch", "--job-dir", job_dir, "--nodes", "n1")
+    assert watched["state"] == "failed" and watched["reason"].endswith("KeyError: 'features'"), watched
+    assert "dist_graph.py" in watched["message"] and "'features' is node data the partition does not have: " \
+        "dgl_job_node_data_names serves a partition's names under those your program reads (e.g. {feat: features})" \
+        in watched["message"], watched["message"]
+    stopped = watched["message"].partition("stopped because of it: ")[2].partition("; ")[0]
+    assert "KeyError" not in stopped, watched["message"]
 
 
 def write_record(path: Path, record: dict, stamp: float) -> None:
@@ -170,3 +190,57 @@ def test_a_node_that_stayed_down_is_blamed_by_the_attempt_it_missed(cli, tmp_pat
                                          "1 attempt ran (at most 2); attempt 2 did not start"), watched["message"]
     code, _, err = cli("report", "--job-dir", tmp_path)
     assert "restart         attempt 1 failed on node3 (launcher: received SIGTERM" in (tmp_path / "summary.txt").read_text()
+
+
+def test_the_same_error_on_trainers_of_two_nodes_is_the_same_error(cli, tmp_path):
+    """The same bug strikes whichever trainer gets there first: node2's trainer-0 in attempt 1, node3's trainer-1
+    in attempt 2, no progress in between. The launchers stop restarting, and the report says why."""
+    (tmp_path / "job.json").write_text(json.dumps({"max_restarts": 2, "nodes": ["node2", "node3"]}))
+    error = "ZeroDivisionError: division by zero"
+    for number, (node, process) in enumerate([("node2", "trainer-0"), ("node3", "trainer-1")], 1):
+        record = {"node": node, "process": process, "reason": error, "where": "train.py:40 in main", "attempt": number,
+                  "started": True, "log_tail": [error], "progress": {"epochs": 0, "checkpoint": None}}
+        path = tmp_path / ("FAILED" if number == 2 else "attempts/1/FAILED")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(record))
+    for node in ("node2", "node3"):
+        (tmp_path / "nodes" / node).mkdir(parents=True)
+        (tmp_path / "nodes" / node / "status.json").write_text(json.dumps({"state": "failed", "attempt": 2}))
+    assert repeats(tmp_path, json.loads((tmp_path / "FAILED").read_text()))
+    code, watched, _ = cli("watch", "--job-dir", tmp_path)
+    assert watched["state"] == "failed" and watched["same_error"], watched
+    assert "failed 2 times with the same error, making no progress in between: not restarting again" in \
+        watched["message"], watched["message"]
+    # A server that exits as a trainer did is another failure.
+    record = json.loads((tmp_path / "FAILED").read_text())
+    (tmp_path / "FAILED").write_text(json.dumps({**record, "process": "server-0"}))
+    assert not repeats(tmp_path, json.loads((tmp_path / "FAILED").read_text()))
+
+
+def test_a_process_with_an_error_of_its_own_did_not_stop_because_of_the_cause(cli, tmp_path):
+    """Both trainers read node data the partition does not have; node3's raised first. node2's trainer failed on its
+    own, not because of node3's; node2's server lost its peer. The message tells them apart and names the setting."""
+    now = time.time()
+    (tmp_path / "job.json").write_text(json.dumps({"max_restarts": 0, "nodes": ["node2", "node3"]}))
+    error = "KeyError: 'features'"
+    traceback = ["Traceback (most recent call last):", '  File "/p/train_dist.py", line 72, in main',
+                 "    x = g.ndata['features'][input_nodes]",
+                 '  File "/v/dgl/distributed/dist_graph.py", line 263, in __getitem__', "    return self._data[key]", error]
+    for node, process, stamp in (("node3", "trainer-1", now - 3), ("node2", "trainer-0", now - 2)):
+        write_record(tmp_path / f"nodes/{node}/failure-1.json", {
+            "node": node, "process": process, "pid": 1, "error": error, "traceback": traceback, "time": now,
+            "where": "/v/dgl/distributed/dist_graph.py:263 in __getitem__"}, stamp)
+    reset = "RuntimeError: Connection reset by peer"
+    write_record(tmp_path / "nodes/node2/failure-2.json", {"node": "node2", "process": "server-0", "pid": 2,
+                                                           "error": reset, "traceback": [reset], "time": now}, now - 1)
+    failed = {"node": "node3", "process": "trainer-1", "reason": error, "attempt": 1, "started": True,
+              "log_tail": traceback, "progress": {"epochs": 0, "checkpoint": None}}
+    (tmp_path / "FAILED").write_text(json.dumps(failed))
+    for node in ("node2", "node3"):
+        (tmp_path / "nodes" / node / "status.json").write_text(json.dumps({"state": "failed", "attempt": 1}))
+    code, watched, _ = cli("watch", "--job-dir", tmp_path)
+    assert watched["message"].startswith(
+        f"failed on node3: trainer-1: {error} (at /v/dgl/distributed/dist_graph.py:263 in __getitem__); "
+        f"stopped because of it: node2 server-0 ({reset}); also failed on its own: node2 trainer-0 ({error}); "
+        "'features' is node data the partition does not have: dgl_job_node_data_names serves a partition's names "
+        "under those your program reads (e.g. {feat: features})"), watched["message"]

@@ -29,7 +29,9 @@ from dglkit.control import (
     request_stop,
     shm_segments,
     still_listening,
+    stop,
 )
+from localjob import free_ports
 
 SHOW = "LoadState={}\nActiveState={}\nUnitFileState=enabled\nWorkingDirectory=/srv/dglkit/jobs/j1\nDescription=dglkit job j1\n"
 
@@ -106,6 +108,55 @@ def test_leftovers_name_processes_segments_and_ports(sleepers: dict, tmp_path: P
         proc.wait()
     (shm / "node~_N~feat-kvdata-").unlink()
     assert leftovers(str(tmp_path / "job"), config, args, shm) == []
+
+
+def unit_show(job_dir: Path, flags: str) -> str:
+    """`systemctl show` of a job unit that is over, whose command carries flags (as systemd prints ExecStart)."""
+    argv = (f'/bin/sh -c exec "$0" "$@" >>"$DGLKIT_UNIT_LOG" 2>&1 /srv/dglkit/venv/bin/python -m dglkit launch '
+            f"--config {job_dir}/job.json {flags} --node-name node2")
+    return (f"LoadState=loaded\nActiveState=inactive\nUnitFileState=disabled\nWorkingDirectory={job_dir}\n"
+            f"Description=dglkit job j1\nExecStart={{ path=/bin/sh ; argv[]={argv} ; ignore_errors=no ; "
+            "start_time=[n/a] ; stop_time=[n/a] ; pid=0 ; code=(null) ; status=0/0 }\n")
+
+
+def stop_args(server_port: int, master_port: int) -> argparse.Namespace:
+    return argparse.Namespace(user=pwd.getpwuid(os.getuid()).pw_name, job_dir="", check=False,
+                              server_port=server_port, servers=1, master_port=master_port, graph="", ports_wait=0.2)
+
+
+@pytest.mark.parametrize("rewritten", [{"num_servers": "x"}, {"master_port": "busy"}, {"num_servers": 5_000_000}])
+def test_stop_checks_the_ports_the_unit_started_the_job_with_not_those_of_a_rewritten_job_json(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, rewritten: dict) -> None:
+    """The job rewrote its job.json: a port that is not the job's (sshd's 22, here one this test listens on) is not
+    reported as the job's, nor a port range for 5,000,000 servers checked, nor a bad value a crash."""
+    job_dir = tmp_path / "job"
+    job_dir.mkdir()
+    base = free_ports(2)
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        busy = other.getsockname()[1]
+        (job_dir / "job.json").write_text(json.dumps({key: busy if value == "busy" else value
+                                                      for key, value in rewritten.items()}))
+        show = unit_show(job_dir, f"--num-servers 1 --master-port {base + 1} --part-config /srv/p/mygraph.json")
+        unit = describe(parse_show(show))
+        monkeypatch.setattr("dglkit.control.show_unit", lambda: unit)
+        left = stop(stop_args(busy - 10 if "num_servers" in rewritten else base, base + 1))["left"]
+        assert not [entry for entry in left if entry.startswith("port(s)")], left
+        assert unit["launched"] == {"num_servers": 1, "master_port": base + 1, "part_config": "/srv/p/mygraph.json"}
+        # A unit of an earlier version records nothing: job.json's values count where they are valid, else the
+        # command's own.
+        unit = describe(parse_show(unit_show(job_dir, "")))
+        assert unit["launched"] == {}
+        monkeypatch.setattr("dglkit.control.show_unit", lambda: unit)
+        left = [entry for entry in stop(stop_args(base, base + 1))["left"] if entry.startswith("port(s)")]
+        assert left == ([f"port(s) {busy} listening"] if "master_port" in rewritten else []), left
+
+
+def test_a_graph_name_from_a_file_is_no_pattern(tmp_path: Path) -> None:
+    (tmp_path / "unrelated").write_bytes(b"x")
+    args = argparse.Namespace(server_port=free_ports(1), servers=1, master_port=free_ports(1), graph="", ports_wait=0)
+    assert leftovers(str(tmp_path / "job"), {"part_config": "/srv/p/*.json"}, args, tmp_path) == []
 
 
 def test_stop_replaces_a_planted_link_instead_of_writing_through_it(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ import importlib.util
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -189,3 +190,110 @@ def test_pack_still_packs_a_program_whose_metrics_are_in_a_format_of_its_own(cli
     (job / "metrics.jsonl").write_text('{"event": "epoch", "epoch": 0, "acc": 0.5}\n')
     code, result, _ = cli("pack", "--report", "--job-dir", job, "--out", tmp_path / "job.tar")
     assert code == 0 and result["report_error"] == "KeyError: 'val_acc'" and result["files"] == 1
+
+
+def files_of(folder: Path) -> dict[str, bytes]:
+    return {str(path.relative_to(folder)): path.read_bytes() for path in sorted(folder.rglob("*")) if path.is_file()}
+
+
+def run_of(job: Path, files: dict[str, str]) -> None:
+    for name, text in files.items():
+        (job / name).parent.mkdir(parents=True, exist_ok=True)
+        (job / name).write_text(text)
+
+
+def collect(cli, job: Path, run: Path, tmp_path: Path) -> dict:
+    """As train.yml collects a job: `dglkit pack` on the storage host, unpack_results.py on the controller."""
+    code, _, err = cli("pack", "--job-dir", job, "--out", tmp_path / "job.tar")
+    assert code == 0, err
+    return unpack_results.unpack((tmp_path / "job.tar").open("rb"), str(run))
+
+
+def start_run(cli, job: Path) -> None:
+    """train.yml's job directory step: the earlier run moves to history/<k>/."""
+    code, _, err = cli("jobdir", "--job-dir", job, "--nodes", "n1", "--config", '{"nodes": ["n1"]}',
+                       "--settings", '{"epochs": 3}')
+    assert code == 0, err
+
+
+def test_the_run_folder_holds_the_current_run_and_earlier_runs_under_history_only(cli, tmp_path: Path):
+    """A run that failed after a restart and wrote embeddings, then a forced run that succeeded: the run folder is
+    the job directory as it now is, the first run under history/1/, nothing of it beside the new results."""
+    job, run = tmp_path / "jobs/j", tmp_path / "runs/j"
+    start_run(cli, job)
+    run_of(job, {"FAILED": '{"attempt": 2}\n', "attempts/1/FAILED": '{"attempt": 1}\n', "emb.pt": "old embeddings\n",
+                 "nodes/n1/failure-7.json": '{"process": "trainer-0"}\n', "nodes/n1/launcher.log": "run 1\n"})
+    first = collect(cli, job, run, tmp_path)
+    assert first["changed"] and first["kept"] is None and files_of(run) == files_of(job)
+    start_run(cli, job)
+    run_of(job, {"result.json": '{"val_acc": 0.9}\n', "nodes/n1/launcher.log": "run 2, forced\n"})
+    second = collect(cli, job, run, tmp_path)
+    assert second["changed"] and second["kept"] is None, second
+    assert files_of(run) == files_of(job), sorted(files_of(run))
+    assert sorted(name for name in files_of(run) if not name.startswith("history/")) == [
+        "job.json", "nodes/n1/launcher.log", "result.json", "settings.json"]
+    assert (run / "history/1/emb.pt").read_text() == "old embeddings\n" and (run / "history/1/attempts/1/FAILED").is_file()
+    # Files that did not change since the first run's unpack were linked, not written again.
+    assert second["written"] == 2 and second["files"] == len(files_of(job)), second
+    assert sorted(path.name for path in run.parent.iterdir()) == ["j"]
+    assert collect(cli, job, run, tmp_path)["changed"] is False
+
+
+def test_the_controllers_curves_stay_in_the_run_folder_it_replaces(cli, tmp_path: Path):
+    """TensorBoard event files are the controller's (app/dglkit/tboard.py), in no archive: a new run's unpack carries
+    the live curve and the earlier run's (set aside under history/<k>/) over, and an unchanged job stays unchanged."""
+    job, run = tmp_path / "jobs/j", tmp_path / "runs/j"
+    start_run(cli, job)
+    run_of(job, {"FAILED": '{"attempt": 1}\n'})
+    collect(cli, job, run, tmp_path)
+    start_run(cli, job)
+    run_of(job, {"result.json": '{"val_acc": 0.9}\n'})
+    curves = {"events.out.tfevents.2.ctl": b"run 2's curve", "history/1/events.out.tfevents.1.ctl": b"run 1's curve"}
+    for name, data in curves.items():
+        (run / name).parent.mkdir(parents=True, exist_ok=True)
+        (run / name).write_bytes(data)
+    result = collect(cli, job, run, tmp_path)
+    assert result["changed"] and result["kept"] is None, result
+    assert {name: files_of(run)[name] for name in curves} == curves
+    assert {name for name in files_of(run) if name not in curves} == set(files_of(job))
+    assert collect(cli, job, run, tmp_path)["changed"] is False
+
+
+def test_an_interrupted_unpack_leaves_the_earlier_run_folder_whole(cli, tmp_path: Path):
+    job, run = tmp_path / "jobs/j", tmp_path / "runs/j"
+    start_run(cli, job)
+    run_of(job, {"FAILED": '{"attempt": 1}\n', "nodes/n1/launcher.log": "run 1\n"})
+    collect(cli, job, run, tmp_path)
+    before = files_of(run)
+    start_run(cli, job)
+    run_of(job, {"result.json": '{"val_acc": 0.9}\n', "nodes/n1/launcher.log": "run 2 " + "x" * 100_000 + "\n"})
+    code, _, _ = cli("pack", "--job-dir", job, "--out", tmp_path / "job.tar")
+    whole = (tmp_path / "job.tar").read_bytes()
+    # The archive ends half-way through the second run's launcher.log: unpacking fails after writing some files.
+    with pytest.raises(tarfile.ReadError):
+        unpack_results.unpack(io.BytesIO(whole[:whole.index(b"run 2 ") + 50_000]), str(run))
+    assert files_of(run) == before and sorted(path.name for path in run.parent.iterdir()) == ["j"]
+    # Killed between moving the earlier run folder aside and putting the new one in place: the next unpack puts
+    # the earlier one back first, then replaces it whole.
+    run.rename(run.parent / ".j.replaced")
+    (run.parent / ".j.unpacking/nodes").mkdir(parents=True)
+    result = unpack_results.unpack(io.BytesIO(whole), str(run))
+    assert result["changed"] and result["kept"] is None and files_of(run) == files_of(job)
+    assert sorted(path.name for path in run.parent.iterdir()) == ["j"]
+
+
+def test_an_earlier_run_folder_with_files_the_job_no_longer_has_is_kept(cli, tmp_path: Path):
+    """The job directory was removed on the storage host and the job ran anew, and the user had added a file to the
+    run folder: neither is in the new archive, so the earlier run folder is kept whole beside the new one."""
+    job, run = tmp_path / "jobs/j", tmp_path / "runs/j"
+    start_run(cli, job)
+    run_of(job, {"result.json": '{"val_acc": 0.5}\n'})
+    collect(cli, job, run, tmp_path)
+    (run / "notes.txt").write_text("mine\n")
+    before = files_of(run)
+    shutil.rmtree(job)
+    start_run(cli, job)
+    run_of(job, {"FAILED": '{"attempt": 1}\n'})
+    result = collect(cli, job, run, tmp_path)
+    assert result["kept"] == str(tmp_path / "runs/j.replaced-1") and files_of(run) == files_of(job)
+    assert files_of(tmp_path / "runs/j.replaced-1") == before

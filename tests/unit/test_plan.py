@@ -76,6 +76,9 @@ def test_values_given_as_strings_are_the_same_job() -> None:
     ({"task": "link_prediction", "dataset": "ogbn-mag"}, "ogbn-mag is heterogeneous"),
     ({"graphbolt": True, "dataset": "ogbn-mag"},
      "dgl_job_graphbolt=true: the RGCN trainer of heterogeneous graphs samples with DGL's own sampler"),
+    ({"task": "link_prediction", "graphbolt": "true"},
+     "dgl_job_task=link_prediction with dgl_job_graphbolt=true: DGL 2.1's GraphBolt samples nodes only, not the "
+     "edges link prediction trains on (find_edges is not supported in GraphBolt); set dgl_job_graphbolt=false"),
     ({"weight_decay": -0.1}, "dgl_job_weight_decay must be >= 0 and dgl_job_sparse_lr > 0"),
     ({"sparse_lr": 0}, "dgl_job_weight_decay must be >= 0 and dgl_job_sparse_lr > 0"),
     ({"eval_negs": 0}, "dgl_job_num_negs and dgl_job_eval_negs must be >= 1"),
@@ -123,7 +126,7 @@ def test_every_error_is_reported_at_once_and_nothing_else() -> None:
 
 
 def test_good_settings_pass() -> None:
-    for settings in ({}, {"dataset": "ogbn-products", "task": "link_prediction", "graphbolt": True},
+    for settings in ({}, {"dataset": "ogbn-products", "task": "link_prediction"}, {"dataset": "ogbn-products", "graphbolt": True},
                      {"dataset": "files", "files_path": "/g.npz", "task": "link_prediction"},
                      {"memory_max": "80%", "cpu_quota": "400%", "fan_out": [-1, 5]},
                      {"node_data_names": {"paper": {"feat": "features"}}, "program": PROGRAM},

@@ -45,7 +45,7 @@ def test_a_killed_trainer_restarts_from_the_checkpoint_and_completes(partition_1
     metrics = [json.loads(line) for line in (job_dir / "metrics.jsonl").read_text().splitlines()]
     assert [m["epoch"] for m in metrics if m["event"] == "epoch"] == list(range(12))
     resume = next(m for m in metrics if m["event"] == "resume")
-    assert 3 <= resume["epoch"] < 12
+    assert 3 <= resume["epoch"] < 12 and resume["attempt"] == 2
     assert metrics[-1]["event"] == "test" and metrics[-1]["test_acc"] > 0.6
     assert_job_gone(job_dir, ports, shm_before)
 

@@ -172,3 +172,123 @@ def test_watch_follows_a_running_job_and_sigterm_stops_it(cli, partition_1, tmp_
     _, stopped, _ = cli("watch", "--job-dir", job_dir, "--nodes", "n1")
     assert stopped["state"] == "failed" and stopped["failed_node"] == "n1" and "SIGTERM" in stopped["reason"]
     assert_job_gone(job_dir, ports, shm_before)
+
+
+def a_job(tmp_path, status: object = None, **files: object):
+    """A job directory with job.json, node0's status.json (running unless given) and files by name: JSON values or
+    text."""
+    job = tmp_path / "job"
+    (job / "nodes/node0").mkdir(parents=True)
+    files = {"job.json": {}, "nodes/node0/status.json": {"state": "running", "attempt": 1} if status is None else status,
+             **files}
+    for name, value in files.items():
+        (job / name).write_text(value if isinstance(value, str) else json.dumps(value))
+    return job
+
+
+EPOCH = {"event": "epoch", "epoch": 1, "loss": 0.5}
+
+
+@pytest.mark.parametrize("files, state, line", [
+    # Every field of FAILED of the wrong type: the job failed all the same, with each field's default.
+    ({"FAILED": {"attempt": "2", "started": "no", "node": 5, "process": ["x"], "reason": {"a": 1}, "log_tail": "abc",
+                 "exit_code": "1"}, "job.json": {"max_restarts": "many", "train": {"num_epochs": 3}},
+      "metrics.jsonl": json.dumps(EPOCH) + "\n"},
+     "failed", "failed: epoch 2/3 loss 0.5000; "),
+    # A metrics.jsonl line that is an array, an epoch record whose figures are text: the last good epoch counts.
+    ({"metrics.jsonl": json.dumps(EPOCH) + '\n{"event": "epoch", "epoch": "9", "loss": 1}\n[1, 2]\n'},
+     "running", "running: epoch 2/? loss 0.5000 [node0 running]"),
+    ({"metrics.jsonl": json.dumps({**EPOCH, "loss": "low", "epoch_time": [], "seeds_per_s": 1}) + "\n"},
+     "running", "running: epoch 2/? "),
+    # job.json's trainer settings of the wrong type.
+    ({"job.json": {"train": "x", "train_args": "--num-epochs"}, "metrics.jsonl": json.dumps(EPOCH) + "\n"},
+     "running", "running: epoch 2/? loss 0.5000 [node0 running]"),
+    ({"job.json": {"train": {"num_epochs": "x"}, "train_args": ["--num-epochs", 7]}, "metrics.jsonl": json.dumps(EPOCH)},
+     "running", "running: epoch 2/? loss 0.5000 [node0 running]"),
+])
+def test_job_written_files_of_the_wrong_type_are_read_as_their_defaults(cli, tmp_path, files, state, line):
+    job = a_job(tmp_path, **files)
+    code, result, err = cli("watch", "--job-dir", job, "--nodes", "node0")
+    assert code == 0 and result["state"] == state and result["line"].startswith(line), (err, result)
+    assert result["changed"] is False
+
+
+@pytest.mark.parametrize("status, reason", [
+    ("{\"state\": ", "status.json is not JSON: Expecting value"),
+    ([], "status.json is not a JSON object but []"),
+    ({"state": "pwned", "attempt": "x"}, 'status.json is not what the kit writes there: state is "pwned", not one of '
+                                          "starting, running, restarting, succeeded, failed, stopped"),
+    ({"reason": "no state"}, "status.json is not what the kit writes there: no state"),
+    ('{"state": ' + "[" * 100000 + "]" * 100000 + "}", "status.json is JSON nested deeper than 20 levels"),
+])
+def test_a_status_that_is_not_a_launchers_says_what_is_wrong_with_it(cli, tmp_path, status, reason):
+    job = a_job(tmp_path, status)
+    code, result, err = cli("watch", "--job-dir", job, "--nodes", "node0")
+    assert code == 0 and result["state"] == "failed" and result["nodes"] == {"node0": "unreadable"}, (err, result)
+    assert result["failed_node"] == "node0" and reason in result["reason"], result
+    # train.yml's look at an earlier run reads the job's state the same way.
+    assert earlier_run(job, ["node0"], 30)["nodes"] == {"node0": "unreadable"}
+
+
+# What a job could write to take over a terminal: clear the screen, set the window title, move the cursor (also in
+# the 8-bit forms), carriage returns that overwrite a line.
+ESCAPES = "\x1b[2J\x1b]0;pwned\x07\x9b31m\x1bP+q\x1b\\\r\x07"
+
+
+def strings(value):
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield key
+            yield from strings(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from strings(item)
+
+
+def control_characters(value) -> list[str]:
+    return [text for text in strings(value) if any(c < " " and c not in "\n\t" or "\x7f" <= c <= "\x9f" for c in text)]
+
+
+def test_nothing_a_job_wrote_reaches_the_answer_with_a_control_character(cli, tmp_path, capsys):
+    job = a_job(tmp_path, {"state": "failed", "reason": f"trainer-0: boom{ESCAPES}", "attempt": 1}, **{
+        "job.json": {"train": {"num_epochs": ESCAPES}, "nodes": [f"node0{ESCAPES}"]},
+        "metrics.jsonl": json.dumps({**EPOCH, f"train_acc{ESCAPES}": 0.4, "val_acc": 0.5, "epoch_time": 1.0,
+                                     "seeds_per_s": 10.0}) + "\n",
+        "FAILED": {"node": "node0", "process": f"trainer-0{ESCAPES}", "reason": f"boom{ESCAPES}",
+                   "log_tail": [f"Traceback{ESCAPES}", "  line\twith a tab"], "attempt": 1},
+        "nodes/node0/failed.json": {"node": "node0", "process": "trainer-0", "reason": f"it{ESCAPES} failed",
+                                    "where": f"x.py:1{ESCAPES}", "log": "trainer-0.log", "attempt": 1,
+                                    "log_tail": [f"last{ESCAPES}"]}})
+    code, result, err = cli("watch", "--job-dir", job, "--nodes", "node0", "--pack", ".*")
+    assert code == 0 and result["state"] == "failed", err
+    assert control_characters(result) == [], control_characters(result)
+    # A key's escapes go too: what is left of it is a figure the line shows.
+    assert result["line"] == ("failed: epoch 2/? loss 0.5000 train_acc 0.4000 val_acc 0.5000, 1.0 s, 10 seeds/s; "
+                              "node0: trainer-0: it failed [node0 failed]")
+    assert result["message"].startswith("failed on node0: trainer-0: it failed (at x.py:1)") and result["log_tail"] == ["last"]
+    code, reported, err = cli("report", "--job-dir", job)
+    assert code == 0, err
+    summary = (job / "summary.txt").read_text()
+    assert "failed on node0: trainer-0: it failed" in summary and control_characters(summary) == [], summary
+    assert control_characters(json.loads((job / "summary.json").read_text())) == []
+
+
+def test_the_last_line_of_a_failed_job_shows_each_node_stopped(cli, tmp_path):
+    """node0 failed the job; node1's launcher says so within a poll of seeing FAILED. The watch's last line shows
+    node1's final state, not the "running" it had when the failure was first seen."""
+    for node, state in (("node0", "failed"), ("node1", "running")):
+        (tmp_path / "nodes" / node).mkdir(parents=True)
+        (tmp_path / "nodes" / node / "status.json").write_text(json.dumps({"state": state, "attempt": 1}))
+    (tmp_path / "FAILED").write_text(json.dumps({"node": "node0", "process": "trainer-0", "reason": "RuntimeError: x",
+                                                 "attempt": 1, "started": True}))
+
+    def node1_stops() -> None:
+        time.sleep(1)
+        (tmp_path / "nodes/node1/status.json").write_text(json.dumps({"state": "failed", "attempt": 1}))
+
+    threading.Thread(target=node1_stops).start()
+    code, result, _ = cli("watch", "--job-dir", tmp_path, "--wait", 10)
+    assert code == 0 and result["state"] == "failed" and result["nodes"] == {"node0": "failed", "node1": "failed"}
+    assert result["line"].endswith("[node0 failed, node1 failed]"), result["line"]

@@ -2,7 +2,8 @@
 and once per trainer, through torchrun under launch.py) in which one process raises mid-training, as a bug would make it:
 --fail server (server --fail_id, the machine's first one, which serves the barrier at the end of each epoch),
 trainer (rank --fail_id) or sampler (a sampler process of trainer rank --fail_id), after --fail_after barrier
-requests, steps or batches.
+requests, steps or batches. --features names the node data it reads as input (as DGL's examples read `features`
+from partitions whose node data is `feat`).
 """
 import argparse
 import multiprocessing
@@ -64,7 +65,7 @@ def main(args):
     n_classes = int(g.ndata["labels"][0:g.num_nodes()].max()) + 1
     sampler = Sampler([10, 10], args.fail_id if args.fail == "sampler" else -1, args.fail_after)
     loader = dgl.dataloading.DistNodeDataLoader(g, train_nid, sampler, batch_size=args.batch_size, shuffle=True)
-    model = th.nn.parallel.DistributedDataParallel(SAGE(g.ndata["feat"].shape[1], 16, n_classes))
+    model = th.nn.parallel.DistributedDataParallel(SAGE(g.ndata[args.features].shape[1], 16, n_classes))
     optimizer = th.optim.Adam(model.parameters(), lr=0.01)
     step = 0
     for epoch in range(args.num_epochs):
@@ -72,7 +73,7 @@ def main(args):
             step += 1
             if args.fail == "trainer" and rank == args.fail_id and step > args.fail_after:
                 raise RuntimeError(f"injected trainer failure in rank {rank} at step {step}")
-            loss = F.cross_entropy(model(blocks, g.ndata["feat"][input_nodes]), g.ndata["labels"][seeds].long())
+            loss = F.cross_entropy(model(blocks, g.ndata[args.features][input_nodes]), g.ndata["labels"][seeds].long())
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
@@ -90,5 +91,6 @@ if __name__ == "__main__":
     parser.add_argument("--fail", choices=["none", "server", "trainer", "sampler"], default="none")
     parser.add_argument("--fail_id", type=int, default=1)
     parser.add_argument("--fail_after", type=int, default=5)
+    parser.add_argument("--features", default="feat")
     parser.add_argument("--local_rank", type=int, help="set by torch.distributed.launch; unused")
     main(parser.parse_args())
