@@ -102,7 +102,9 @@ def test_capped_hosts_partition_with_mpi_and_train_as_the_single_host_path(site:
                       "--feat-dim 2048 --seed 0 --arrays", timeout=900)
     lean, rank = memory_estimate("lean", *sizes, 2), mpi_rank_estimate(*sizes, 2)
     assert rank < lean
-    caps = {host: (working_set(site, host) + (lean + rank) // 2) // 2**20 for host in site.hosts()}
+    # Just below what the single-host builder needs: the most a host may have while it is refused, and what
+    # the job's servers and trainers, which hold the partition in memory, get to train with.
+    caps = {host: (working_set(site, host) + lean - 100 * 2**20) // 2**20 for host in site.hosts()}
     for host, cap in caps.items():
         site.cap_memory(host, cap)
     try:
@@ -124,7 +126,8 @@ def test_capped_hosts_partition_with_mpi_and_train_as_the_single_host_path(site:
     partition = Path(json.loads((folder / "job.json").read_text())["part_config"]).parent
     assert partition.name == f"{dataset_id}-2p-mpi"
     manifest = json.loads((site.workspace / "partitions" / partition.name / "manifest.json").read_text())
-    assert manifest["complete"] and max(p["peak_rss_mb"] for p in manifest["parts"]) * 2**20 < lean, manifest["parts"]
+    # Every rank peaked within its estimate, below what the single-host builder is estimated to need.
+    assert manifest["complete"] and max(p["peak_rss_mb"] for p in manifest["parts"]) * 2**20 < rank, manifest["parts"]
     result = json.loads((folder / "result.json").read_text())
     # Chance is 0.1 (10 classes); two partitions of the same graph train alike within noise.
     assert result["val_acc"] > 0.3 and abs(result["val_acc"] - single_result["val_acc"]) < 0.1, (result, single_result)
