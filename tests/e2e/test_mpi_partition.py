@@ -1,8 +1,9 @@
 """dgl_job_partition_builder: mpi through train.yml on a cluster of its own (node1 storage, node2 and node3
 workers; dglkit_mpi and dglkit_ssh_mesh on): a worker host shut down mid-partition fails the step naming it
 and leaves no partition; with every host's memory capped below what the single-host builder needs for a graph
-whose features dominate, the mpi builder partitions it on the workers (each rank's memory checked first) and
-GraphSAGE trains to the accuracy the single-host builder's partition gives the same graph and seed, uncapped.
+whose features dominate, the mpi builder partitions it on the workers (each rank's memory checked first, each
+within its estimate), and GraphSAGE then trains on it (caps lifted: the job's servers hold the parts, which takes
+more than the caps) to the accuracy the single-host builder's partition gives the same graph and seed.
 
 The dataset itself is prepared whole on the storage host before the caps, arrays included (the MPI programs
 read the arrays `prepare --arrays` writes): under the caps its prepare step is a no-op.
@@ -102,8 +103,7 @@ def test_capped_hosts_partition_with_mpi_and_train_as_the_single_host_path(site:
                       "--feat-dim 2048 --seed 0 --arrays", timeout=900)
     lean, rank = memory_estimate("lean", *sizes, 2), mpi_rank_estimate(*sizes, 2)
     assert rank < lean
-    # Just below what the single-host builder needs: the most a host may have while it is refused, and what
-    # the job's servers and trainers, which hold the partition in memory, get to train with.
+    # Just below what the single-host builder needs: the most a host may have while it is refused.
     caps = {host: (working_set(site, host) + lean - 100 * 2**20) // 2**20 for host in site.hosts()}
     for host, cap in caps.items():
         site.cap_memory(host, cap)
@@ -113,16 +113,29 @@ def test_capped_hosts_partition_with_mpi_and_train_as_the_single_host_path(site:
                                     f"{WORKSPACE}/datasets/{dataset_id} --out {WORKSPACE}/partitions/capped --num-parts 2",
                            check=False, timeout=300)
         assert refused.returncode == 2 and "(--builder lean) needs about" in refused.stderr, refused.stderr
-        # ... and the mpi builder partitions on the capped workers, which then train.
-        run = train(site, runs, *WIDE, *MPI)
+        # ... and the mpi builder partitions on the capped workers. The job's servers then hold the parts in
+        # memory and its trainers fetch features: training, not partitioning, needs more than the caps here
+        # (a trainer was OOM-killed under them), so they are lifted once the partition is complete.
+        proc = start_train(site, runs, *WIDE, *MPI)
+        manifest_path = site.workspace / "partitions" / f"{dataset_id}-2p-mpi" / "manifest.json"
+        deadline = time.monotonic() + 900
+        while proc.poll() is None and time.monotonic() < deadline and not (
+                manifest_path.is_file() and json.loads(manifest_path.read_text()).get("complete")):
+            time.sleep(0.2)
+        partitioned_capped = manifest_path.is_file() and json.loads(manifest_path.read_text()).get("complete")
     finally:
         for host in caps:
             site.cap_memory(host, 0)
-    output = flat(run.output)
-    assert re.search(r"partition \(mpi\) running: (assign|build) \[node2 \w+ [^,\]]+, node3 \w+ ", output), \
-        run.output[-4000:]
-    assert "partition (mpi) succeeded" in output
-    folder = run_folder(run.output)
+    try:
+        output, _ = proc.communicate(timeout=1200)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"train.yml did not end:\n{kill(proc)[-4000:]}")
+    assert proc.returncode == 0 and partitioned_capped, output[-6000:]
+    flat_output = flat(output)
+    assert re.search(r"partition \(mpi\) running: (assign|build) \[node2 \w+ [^,\]]+, node3 \w+ ", flat_output), \
+        output[-4000:]
+    assert "partition (mpi) succeeded" in flat_output
+    folder = run_folder(output)
     partition = Path(json.loads((folder / "job.json").read_text())["part_config"]).parent
     assert partition.name == f"{dataset_id}-2p-mpi"
     manifest = json.loads((site.workspace / "partitions" / partition.name / "manifest.json").read_text())
