@@ -147,11 +147,23 @@ def run_job(args: argparse.Namespace) -> int:
 
 def mpirun_command(work: Path, ranks: int, network: str) -> list[str]:
     """One rank per host in the hostfile's order (rank r on host r), TCP on the cluster network alone, every
-    rank writing its progress under work/progress/."""
+    rank writing its progress under work/progress/. The ranks' listening ports are pinned to the ephemeral
+    range, which the kit's firewall opens to cluster addresses only: Open MPI's btl_tcp would otherwise take
+    the first free port from 1024 up, on IPv4 and IPv6 alike (its daemons' oob_tcp binds ephemeral ports)."""
+    low, high = ephemeral_ports()
     return ["mpirun", "--hostfile", str(work / "hostfile"), "-np", str(ranks), "--map-by", "node",
             "--bind-to", "none", "--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", network,
-            "--mca", "oob_tcp_if_include", network, "--mca", "plm_rsh_args", SSH_OPTIONS,
+            "--mca", "oob_tcp_if_include", network,
+            *[arg for family in ("v4", "v6") for arg in ("--mca", f"btl_tcp_port_min_{family}", str(low),
+                                                           "--mca", f"btl_tcp_port_range_{family}", str(high - low + 1))],
+            "--mca", "plm_rsh_args", SSH_OPTIONS,
             "-x", f"{PROGRESS_ENV}={work / 'progress'}", "-x", "DGLBACKEND=pytorch"]
+
+
+def ephemeral_ports() -> tuple[int, int]:
+    """The host's ephemeral port range (the firewall role opens the one it reads from the same file)."""
+    low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+    return int(low), int(high)
 
 
 def look(out: Path, hosts: dict[str, str]) -> dict[str, Any]:

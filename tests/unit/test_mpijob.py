@@ -53,7 +53,14 @@ def test_a_killed_rank_fails_the_run_naming_its_host_and_leaves_no_partition(syn
                "--graph-name", "g", "--hosts", HOSTS, "--batch-edges", "32"]
     runner = subprocess.Popen(command, env=ENV, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True)
-    rank_of(runner.pid, 1).send_signal(signal.SIGKILL)
+    victim = rank_of(runner.pid, 1)
+    # What the kit's firewall opens to the cluster: the ephemeral range (Open MPI's btl_tcp listens from 1024 up
+    # unless told).
+    low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    listening = {c.laddr.port for p in psutil.Process(runner.pid).children(recursive=True)
+                 for c in p.net_connections("tcp") if c.status == psutil.CONN_LISTEN}
+    assert listening and all(low <= port <= high for port in listening), sorted(listening)
+    victim.send_signal(signal.SIGKILL)
     _, stderr = runner.communicate(timeout=120)
     assert runner.returncode == 1 and "assign failed on node3: its rank was killed" in stderr, stderr[-2000:]
     assert not out.exists()
