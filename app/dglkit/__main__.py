@@ -11,6 +11,7 @@ COMMANDS = {
     "prepare": ("dglkit.data", "build a DGL graph with features, labels and split masks"),
     "chunked": ("dglkit.chunkcmd", "write a synthetic graph in DGL's chunked format chunk by chunk, or check one"),
     "partition": ("dglkit.partition", "partition a prepared graph with METIS for N machines"),
+    "mpi": ("dglkit.mpijob", "partition a graph across the workers at once under mpirun (check, run, watch)"),
     "train": ("dglkit.train", "distributed trainer of the built-in tasks (DGL runs it as server and as trainer)"),
     "jobdir": ("dglkit.jobdir", "make a job's directory for a run: earlier run to history/, job.json, settings.json"),
     "launch": ("dglkit.launch", "start and supervise this node's DGL servers and trainers"),

@@ -27,7 +27,19 @@ import numpy as np
 
 from dglkit import ptscotch
 from dglkit.common import UserError, emit_result, peak_rss_mb, read_json, write_json
-from dglkit.mpicomm import BATCH_EDGES, ArraysInput, ChunkedInput, exchange, lookup, mpi_main, owner, padded, ranges, rounds
+from dglkit.mpicomm import (
+    BATCH_EDGES,
+    PROGRESS,
+    ArraysInput,
+    ChunkedInput,
+    exchange,
+    lookup,
+    mpi_main,
+    owner,
+    padded,
+    ranges,
+    rounds,
+)
 
 TRAIN_MASK = "train_mask"
 
@@ -60,19 +72,22 @@ def program(comm: Any, argv: list[str]) -> int:
     rank, size = comm.Get_rank(), comm.Get_size()
     started = time.perf_counter()
     starts = ranges(data.num_nodes, size)
+    PROGRESS.phase("shuffle")
     keys, in_degree = shuffle(comm, data, starts, args.batch_edges)
     indptr, indices = local_csr([keys], len(in_degree), data.num_nodes)
     del keys
     shuffled, shuffle_peak = time.perf_counter(), peak_rss_mb()
     weights = None if args.vertex_weight == "nodes" else 1 + in_degree
+    PROGRESS.phase("partition")
     parts = ptscotch.partition(comm, indptr, indices, args.num_parts, weights, args.strategy, args.imbalance,
-                                 args.seed)
+                               args.seed)
     partitioned = time.perf_counter()
     train = (data.node_rows(TRAIN_MASK, starts[rank], starts[rank + 1]).astype(bool)
              if isinstance(data, ArraysInput) and TRAIN_MASK in data.node_data else None)
     counts = comm.allreduce(part_counts(parts, in_degree, train, args.num_parts))
     cut = edge_cut(comm, parts, indptr, indices, starts)
     tmp = args.out.with_name(f".{args.out.name}.partial")
+    PROGRESS.phase("write")
     if rank == 0:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
@@ -96,6 +111,7 @@ def program(comm: Any, argv: list[str]) -> int:
         emit_result({"changed": True, "out": str(args.out), "edge_cut": cut,
                      "peak_rss_mb": max(r["peak_rss_mb"] for r in ranks)})
     comm.Barrier()  # every rank returns once DIR is in place
+    PROGRESS.phase("done")
     return 0
 
 

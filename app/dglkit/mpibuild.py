@@ -29,7 +29,7 @@ import numpy as np
 
 from dglkit import leanpart
 from dglkit.common import UserError, emit_result, peak_rss_mb, read_json, write_json
-from dglkit.mpicomm import BATCH_EDGES, ArraysInput, exchange, lookup, mpi_main, owner, padded, ranges, rounds
+from dglkit.mpicomm import BATCH_EDGES, PROGRESS, ArraysInput, exchange, lookup, mpi_main, owner, padded, ranges, rounds
 from dglkit.partition import read_rows
 
 
@@ -61,6 +61,7 @@ def program(comm: Any, argv: list[str]) -> int:
     assignment = check_assignment(args, data, num_parts)
     started = time.perf_counter()
     starts = ranges(data.num_nodes, num_parts)
+    PROGRESS.phase("relabel")
     table, node_starts = node_table(comm, args.assignment, assignment["slices"], starts)
     owned = owned_nodes(comm, table, starts)
     tmp = args.out.with_name(f".{args.out.name}.partial")
@@ -71,10 +72,13 @@ def program(comm: Any, argv: list[str]) -> int:
         name: read_rows(data.dir / f"node_{name}.npy", owned) for name in data.node_data})
     write_at(tmp / "orig_nids.npy", offsets, int(node_starts[rank]), owned)
     del owned
+    PROGRESS.phase("count edges")
     edge_starts, before = edge_ranges(comm, data, starts, table, args.batch_edges)
+    PROGRESS.phase("send edges")
     inner, candidates, cut = send_edges(comm, data, starts, table, edge_starts, before, args.batch_edges)
     del table
     write_at(tmp / "orig_eids.npy", offsets, int(edge_starts[rank]), inner[:, 0])
+    PROGRESS.phase("write")
     halo = write_part_graph(part_dir, rank, node_starts, int(edge_starts[rank]), inner, candidates)
     counts = {"part": rank, "nodes": int(node_starts[rank + 1] - node_starts[rank]), "edges": len(inner),
               "train_nodes": train_nodes, "halo_nodes": halo}
@@ -84,6 +88,7 @@ def program(comm: Any, argv: list[str]) -> int:
     if rank == 0:
         finish(args, tmp, data, assignment, node_starts, edge_starts, parts, cut, time.perf_counter() - started)
     comm.Barrier()  # every rank returns once DIR is in place
+    PROGRESS.phase("done")
     return 0
 
 
@@ -218,7 +223,7 @@ def finish(args: argparse.Namespace, tmp: Path, data: ArraysInput, assignment: d
            edge_starts: np.ndarray, parts: list[dict[str, Any]], cut: int, seconds: float) -> None:
     """Rank 0, once every part is written: the config, the manifest (last), then the directory's own name."""
     leanpart.write_config(tmp, args.graph_name, "ptscotch", node_starts, edge_starts)
-    manifest = {"complete": True, "dataset_fingerprint": data.fingerprint,
+    manifest = {"complete": True, "dataset_dir": str(args.dataset_dir.resolve()), "dataset_fingerprint": data.fingerprint,
                 "part_config": f"{args.graph_name}.json", "num_parts": len(parts), "num_nodes": data.num_nodes,
                 "num_edges": data.num_edges, "parts": parts,
                 "edge_cut": {"count": cut, "fraction": round(cut / max(data.num_edges, 1), 6)},

@@ -122,6 +122,20 @@ def check(s: dict[str, Any], given: dict[str, Any]) -> list[str]:
     return [message for bad, message in rules if bad]
 
 
+def mpi_errors(s: dict[str, Any]) -> list[str]:
+    """What the mpi builder needs of the cluster site.yml set up: mpirun reaches the other workers over the job
+    account's SSH mesh and runs on the packages dglkit_mpi installs."""
+    if s["partition_builder"] != "mpi":
+        return []
+    missing = [f"dglkit_{name}: true" for name in ("mpi", "ssh_mesh") if not s[name]]
+    hetero = kinds.heterogeneous(s["dataset"])
+    return ([f"dgl_job_partition_builder=mpi runs mpirun across the workers: set {' and '.join(missing)} in the "
+             "inventory and run site.yml (Open MPI and PT-Scotch on the workers, the job account's SSH between them)"]
+            if missing else []) + (
+        [f"dgl_job_partition_builder=mpi builds homogeneous partitions; {s['dataset']} is heterogeneous: use "
+         "dgl_job_partition_builder=lean"] if hetero is True else [])
+
+
 def job_settings(s: dict[str, Any]) -> dict[str, Any]:
     """What makes a job's result, as hashed into its id: node_data_names only when set, so that the ids of jobs
     without it stay what they were (a setting added later goes in the same way)."""
@@ -164,7 +178,7 @@ def plan(request: dict[str, Any]) -> dict[str, Any]:
     s, errors = typed(given)
     if errors:
         return {"errors": errors}
-    errors = check(s, given)
+    errors = check(s, given) + mpi_errors(s)
     if errors:
         return {"errors": errors}
     job = job_id(s, partition, len(workers))

@@ -45,6 +45,28 @@ def memory_estimate(stage: str, num_nodes: int, num_edges: int, feat_dim: int, n
     return int(peak)
 
 
+# `dglkit mpi` (the mpi builder), per rank: peak bytes per directed edge of its share of the graph, the larger of
+# the assignment's (PT-Scotch's) and the build's, over the imports (bench/mpipart.py, BENCHMARKS.md §11).
+MPI_PER_SHARE_EDGE = 165
+# Times a rank holds its part's node data at once (read, then written as DGL tensors): 1.7 measured by the
+# rank's peak on 160k nodes x 2048 features, 2 workers (tests/e2e/test_mpi_partition.py), rounded up.
+MPI_FEATURE_COPIES = 1.8
+
+
+def mpi_rank_estimate(num_nodes: int, num_edges: int, feat_dim: int, ranks: int) -> int:
+    """Peak bytes of one rank of the mpi builder on `ranks` workers: its share of the edges, its part's node
+    data and its share of the node ID tables."""
+    share = PART_SHARE / ranks
+    node_bytes = num_nodes * (4 * feat_dim + 11 + 40) * share
+    return int(BASE + MPI_PER_SHARE_EDGE * num_edges * share + MPI_FEATURE_COPIES * node_bytes)
+
+
+def mpi_ranks_needed(num_nodes: int, num_edges: int, feat_dim: int, have: int, most: int = 4096) -> int | None:
+    """The fewest workers whose ranks' estimate fits in `have` bytes each, or None."""
+    return next((ranks for ranks in range(2, most + 1)
+                 if mpi_rank_estimate(num_nodes, num_edges, feat_dim, ranks) <= have), None)
+
+
 def lean_builders(num_nodes: int, num_edges: int, feat_dim: int, num_parts: int, memory_gb: float | None) -> int:
     """Parts the lean builder builds at once: one per core, as many as the memory holds (at least one; the
     check of one builder's estimate refuses what does not fit). memory_gb as check_fits takes it."""

@@ -168,9 +168,11 @@ SECTIONS: list[tuple[Section, list[Setting]]] = [
                 "How the dataset is partitioned: on the storage host with lean (METIS in a process of its own, then "
                 "one part at a time; a fraction of the memory) or dgl (dgl.distributed.partition_graph); or "
                 "distributed (the storage host computes the METIS assignment from the structure alone, every worker "
-                "builds its own part, so that no host holds the whole graph with its features; lean's output). Each "
-                "gets its own partition, and refuses before writing anything when its memory estimate exceeds what "
-                "a host has.", DATASET, PARTITION, choices=("lean", "dgl", "distributed")),
+                "builds its own part, so that no host holds the whole graph with its features; lean's output); or "
+                "mpi (PT-Scotch and the part build across the workers at once under mpirun, each holding its share: "
+                "needs dglkit_mpi and dglkit_ssh_mesh). Each gets its own partition, and refuses before writing "
+                "anything when its memory estimate exceeds what a host has.", DATASET, PARTITION,
+                choices=("lean", "dgl", "distributed", "mpi")),
     ]),
     (Section("Model and training", "Model and training (GraphSAGE as DGL's distributed tutorial, RGCN as its "
              "distributed rgcn example)."), [
@@ -319,6 +321,10 @@ SECTIONS: list[tuple[Section, list[Setting]]] = [
         Setting("server_port", "int", 30050, "First DGL server port (dglkit_server_port).", LAUNCHER, sample=None, **PORT),
         Setting("user", "str", "dglkit", "Unprivileged account that runs every job process and owns the job's files "
                 "(dglkit_user).", PLAYBOOK, sample=None),
+        Setting("ssh_mesh", "bool", False, "The job account's SSH between the nodes (dglkit_ssh_mesh): "
+                "dgl_job_partition_builder mpi needs it.", PLAYBOOK, sample=None),
+        Setting("mpi", "bool", False, "Open MPI and PT-Scotch on the workers (dglkit_mpi): dgl_job_partition_builder "
+                "mpi needs them.", PLAYBOOK, sample=None),
     ]),
 ]
 

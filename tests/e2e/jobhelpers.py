@@ -39,6 +39,13 @@ def workers(cluster: Cluster) -> list[str]:
     return list(cluster.workers())
 
 
+def working_set(cluster: Cluster, host: str) -> int:
+    """The host's memory in use as its memory cgroup counts it, less the inactive file cache."""
+    stat = dict(line.split() for line in cluster.ssh(host, "cat /sys/fs/cgroup/memory/memory.stat").stdout.splitlines())
+    usage = int(cluster.ssh(host, "cat /sys/fs/cgroup/memory/memory.usage_in_bytes").stdout)
+    return usage - int(stat["total_inactive_file"])
+
+
 def assert_clean(cluster: Cluster) -> None:
     for host in cluster.hosts():
         assert cluster.leftovers(host) == {}, host

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pytest
 
-from jobhelpers import assert_clean, flat, run_folder, start_train, stop_background, train, workers
+from jobhelpers import assert_clean, flat, run_folder, start_train, stop_background, train, workers, working_set
 
 if TYPE_CHECKING:
     from conftest import Cluster
@@ -435,13 +435,6 @@ def test_resize_renders_ip_config_in_order_and_old_nodes_trust_the_new_one(site:
 # the storage host's memory is capped while it runs).
 WIDE = ["-e", "dgl_job_synthetic_nodes=20000", "-e", "dgl_job_synthetic_feat_dim=2000", "-e", "dgl_job_epochs=1",
         "-e", "dgl_job_batch_size=100"]
-
-
-def working_set(cluster: Cluster, host: str) -> int:
-    """The host's memory in use as its memory cgroup counts it, less the inactive file cache."""
-    stat = dict(line.split() for line in cluster.ssh(host, "cat /sys/fs/cgroup/memory/memory.stat").stdout.splitlines())
-    usage = int(cluster.ssh(host, "cat /sys/fs/cgroup/memory/memory.usage_in_bytes").stdout)
-    return usage - int(stat["total_inactive_file"])
 
 
 def test_a_capped_storage_host_refuses_to_partition_alone_and_the_workers_build_the_parts(

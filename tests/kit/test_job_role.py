@@ -177,7 +177,7 @@ def test_job_json_of_a_resized_cluster_uses_the_new_partition(records: dict) -> 
     ("graphbolt-word", "'maybe' is not a valid boolean"),
     ("fan-out-word", "option 'dgl_job_fan_out'"),
     ("dataset", "dgl_job_dataset=products: use synthetic, synthetic-hetero, files, chunked or an ogbn-* name"),
-    ("builder", "dgl_job_partition_builder must be one of: lean, dgl, distributed, got: metis"),
+    ("builder", "dgl_job_partition_builder must be one of: lean, dgl, distributed, mpi, got: metis"),
     ("task", "value of dgl_job_task must be one of: node_classification, link_prediction, got: regression"),
     ("hetero-links", "dgl_job_task=link_prediction runs on homogeneous graphs; synthetic-hetero is heterogeneous"),
     ("weight-decay", "dgl_job_weight_decay=-0.1: use a value >= 0"),

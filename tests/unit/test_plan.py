@@ -59,7 +59,15 @@ def test_values_given_as_strings_are_the_same_job() -> None:
     ({"fan_out": "10,lots"}, "dgl_job_fan_out=10,lots: use a value of type list"),
     ({"node_data_names": "feat"}, "dgl_job_node_data_names=feat: use a value of type dict"),
     ({"task": "regression"}, "value of dgl_job_task must be one of: node_classification, link_prediction, got: regression"),
-    ({"partition_builder": "metis"}, "value of dgl_job_partition_builder must be one of: lean, dgl, distributed, got: metis"),
+    ({"partition_builder": "metis"},
+     "value of dgl_job_partition_builder must be one of: lean, dgl, distributed, mpi, got: metis"),
+    ({"partition_builder": "mpi", "mpi": True},
+     "dgl_job_partition_builder=mpi runs mpirun across the workers: set dglkit_ssh_mesh: true in the inventory and run "
+     "site.yml"),
+    ({"partition_builder": "mpi", "ssh_mesh": True}, "set dglkit_mpi: true in the inventory"),
+    ({"partition_builder": "mpi"}, "set dglkit_mpi: true and dglkit_ssh_mesh: true in the inventory"),
+    ({"partition_builder": "mpi", "mpi": True, "ssh_mesh": True, "dataset": "ogbn-mag"},
+     "dgl_job_partition_builder=mpi builds homogeneous partitions; ogbn-mag is heterogeneous"),
     ({"dataset": "products"}, "dgl_job_dataset=products: use synthetic, synthetic-hetero, files, chunked or an ogbn-* "
                               "name such as ogbn-products or ogbn-mag"),
     ({"task": "link_prediction", "dataset": "synthetic-hetero"},
@@ -121,7 +129,8 @@ def test_good_settings_pass() -> None:
     for settings in ({}, {"dataset": "ogbn-products", "task": "link_prediction"}, {"dataset": "ogbn-products", "graphbolt": True},
                      {"dataset": "files", "files_path": "/g.npz", "task": "link_prediction"},
                      {"memory_max": "80%", "cpu_quota": "400%", "fan_out": [-1, 5]},
-                     {"node_data_names": {"paper": {"feat": "features"}}, "program": PROGRAM}):
+                     {"node_data_names": {"paper": {"feat": "features"}}, "program": PROGRAM},
+                     {"partition_builder": "mpi", "mpi": True, "ssh_mesh": True}):
         assert planned(**settings)["errors"] == [], settings
 
 
