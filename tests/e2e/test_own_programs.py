@@ -150,11 +150,12 @@ def test_a_crashing_program_stops_every_node_with_its_traceback(site: Cluster, r
                       "dgl_job_poll_seconds=5", "-e", "dgl_job_max_restarts=0", check=False)
     output = flat(run.output)
     assert run.returncode != 0
-    # Rank 1 (node3, the second node) raises; rank 0 (node2) then fails in its all-reduce, and its launcher
-    # often notices first. The report names the trainer that raised, with its own traceback, and node2's
-    # trainer as stopped because of it.
+    # Rank 1 (node3, the second node) raises. Rank 0 (node2) then either fails in its all-reduce, and is named as
+    # stopped because of it, or node2's launcher sees node3's FAILED first and stops it (on a loaded machine):
+    # either way the report names the trainer that raised, with its own traceback, and never node2's as a cause.
     found = re.search(r"job (\S+) failed on node3: trainer-1: RuntimeError: injected crash on rank 1 in epoch 1 "
-                      r"\(at \S+/train_dist\.py:\d+ in main\); stopped because of it: node2 trainer-0 \(", output)
+                      r"\(at \S+/train_dist\.py:\d+ in main\)(; stopped because of it: node2 trainer-0 \(|; the job)",
+                      output)
     assert found, run.output[-4000:]
     assert re.search(r"end of the traceback of trainer-1: Traceback .* raise RuntimeError\(f\"injected crash", output), \
         run.output[-4000:]
