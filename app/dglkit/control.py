@@ -29,7 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from dglkit import jobfiles, lock
+from dglkit import jobfiles, lock, mpijob, mpiunit
 from dglkit.common import UserError, emit_result, read_json, replace_file
 from dglkit.jobstate import earlier_run
 from dglkit.settings import SETTINGS
@@ -112,10 +112,11 @@ def launched_with(exec_start: str) -> dict[str, Any]:
 
 
 def show_unit(node: str = "") -> dict[str, Any]:
+    """The job unit, with the mpi partition's unit (dglkit.mpiunit) under "partition"."""
     proc = subprocess.run(["systemctl", "show", UNIT, "-p", ",".join(SHOW)], capture_output=True, text=True, check=False)
     if proc.returncode:
         raise UserError(f"systemctl show {UNIT}: {proc.stderr.strip()}")
-    return describe(parse_show(proc.stdout), node)
+    return {**describe(parse_show(proc.stdout), node), "partition": mpiunit.show(node)}
 
 
 def as_account(user: str, action: Callable[[], Any]) -> Any:
@@ -262,10 +263,15 @@ def stop(args: argparse.Namespace) -> dict[str, Any]:
     unit = show_unit()
     job_dir = unit["job_dir"] or args.job_dir
     done = (["asked the job to stop", "stopped the job unit"] if unit["running"] else []) + (
-        ["kept the job unit from starting at boot"] if unit["enabled"] else [])
+        ["kept the job unit from starting at boot"] if unit["enabled"] else []) + (
+        ["stopped the mpi partition"] if unit["partition"]["running"] else [])
     result = {"changed": bool(done), "done": done, "unit": unit, "job_dir": job_dir, "left": []}
     if args.check:
         return result
+    if unit["partition"]["running"]:
+        mpiunit.stop_unit()
+    ranks = mpiunit.rank_processes(args.ports_wait)
+    result["left"] += ["mpi partition ranks " + ", ".join(ranks)] if ranks else []
     if unit["running"]:
         if unit["job_dir"]:
             as_account(args.user, lambda: request_stop(unit["job_dir"]))
@@ -275,7 +281,7 @@ def stop(args: argparse.Namespace) -> dict[str, Any]:
     if job_dir:
         # job.json only for what the unit does not record (a unit of an earlier version): the job may rewrite it.
         config = as_account(args.user, lambda: jobfiles.record(Path(job_dir) / "job.json", jobfiles.JOB)) or {}
-        result["left"] = leftovers(job_dir, {**config, **(unit["launched"] if unit["job_dir"] else {})}, args)
+        result["left"] += leftovers(job_dir, {**config, **(unit["launched"] if unit["job_dir"] else {})}, args)
     return result
 
 
@@ -314,7 +320,11 @@ def progress(args: argparse.Namespace) -> dict[str, Any]:
     job_dir = pick_job(Path(args.jobs), list(reached.values()))
     state, line = job_line(job_dir, args.jobs)
     down = [host for host, unit in args.units.items() if unit is None]
-    lines = ([unit["line"] for unit in reached.values()] + [line]
+    # A partition before the job: the first worker's unit names its directory and hosts; its ranks' progress files
+    # are read here, as the job account.
+    partitions = [mpijob.look(Path(unit["partition"]["out"]), unit["partition"]["hosts"], "active")["line"]
+                  for unit in reached.values() if unit.get("partition", {}).get("hosts")]
+    lines = ([unit["line"] for unit in reached.values()] + partitions + [line]
              + ([(f"could not reach {', '.join(down)}: its job unit is not shown (the progress above is the shared "
                   "job directory's)")] if down else []))
     return {"changed": False, "job": job_dir.name if job_dir else None, "state": state, "lines": lines}

@@ -166,13 +166,13 @@ def ephemeral_ports() -> tuple[int, int]:
     return int(low), int(high)
 
 
-def look(out: Path, hosts: dict[str, str]) -> dict[str, Any]:
+def look(out: Path, hosts: dict[str, str], state: str | None = None) -> dict[str, Any]:
     """{"state": running | succeeded | failed, "line", "nodes": {name: its rank's progress}, "failed_host",
-    "message"}."""
+    "message"}. state: the unit's, when the caller has it (status.yml, away from the first worker)."""
     work = work_dir(out)
     progress = mpiblame.progress(work / "progress")
     nodes = {name: mpiblame.describe(progress.get(rank)) for rank, name in enumerate(hosts)}
-    state = unit_state()
+    state = unit_state() if state is None else state
     step = (read_json(work / "step.json") or {}).get("step", "start")
     if state in RUNNING:
         shown = ", ".join(f"{name} {what}" for name, what in nodes.items())

@@ -9,12 +9,14 @@ import pwd
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from dglkit import mpiunit
 from dglkit.common import UserError
 from dglkit.control import (
     as_account,
@@ -31,6 +33,7 @@ from dglkit.control import (
     still_listening,
     stop,
 )
+from dglkit.mpicomm import PROGRESS_ENV
 from localjob import free_ports
 
 SHOW = "LoadState={}\nActiveState={}\nUnitFileState=enabled\nWorkingDirectory=/srv/dglkit/jobs/j1\nDescription=dglkit job j1\n"
@@ -139,14 +142,14 @@ def test_stop_checks_the_ports_the_unit_started_the_job_with_not_those_of_a_rewr
         (job_dir / "job.json").write_text(json.dumps({key: busy if value == "busy" else value
                                                       for key, value in rewritten.items()}))
         show = unit_show(job_dir, f"--num-servers 1 --master-port {base + 1} --part-config /srv/p/mygraph.json")
-        unit = describe(parse_show(show))
+        unit = {**describe(parse_show(show)), "partition": mpiunit.describe({})}  # no partition running
         monkeypatch.setattr("dglkit.control.show_unit", lambda: unit)
         left = stop(stop_args(busy - 10 if "num_servers" in rewritten else base, base + 1))["left"]
         assert not [entry for entry in left if entry.startswith("port(s)")], left
         assert unit["launched"] == {"num_servers": 1, "master_port": base + 1, "part_config": "/srv/p/mygraph.json"}
         # A unit of an earlier version records nothing: job.json's values count where they are valid, else the
         # command's own.
-        unit = describe(parse_show(unit_show(job_dir, "")))
+        unit = {**describe(parse_show(unit_show(job_dir, ""))), "partition": mpiunit.describe({})}
         assert unit["launched"] == {}
         monkeypatch.setattr("dglkit.control.show_unit", lambda: unit)
         left = [entry for entry in stop(stop_args(base, base + 1))["left"] if entry.startswith("port(s)")]
@@ -256,3 +259,33 @@ def test_ready_on_the_storage_host_takes_the_starters_lock_before_it_looks_for_t
     (job / "job.json").write_text("{}")
     code, _, err = cli(*storage[:-2], "--nodes", "")
     assert code == 2 and "no nodes" in err and not lock.exists()
+
+
+PARTITION_SHOW = ("ActiveState={}\nExecStart={{ path=/srv/dglkit/venv/bin/python ; argv[]=/srv/dglkit/venv/bin/python -m "
+                  "dglkit mpi run --dataset-dir /srv/dglkit/datasets/d --out /srv/dglkit/partitions/p/2part --graph-name "
+                  "g --hosts node2=10.77.0.12,node3=10.77.0.13 ; ignore_errors=no ; start_time=[n/a] ; pid=0 }}\n")
+
+
+@pytest.mark.parametrize("active", ["active", "deactivating", "inactive", "failed"])
+def test_the_partition_unit_names_its_directory_and_hosts_from_its_own_command_line(active: str) -> None:
+    unit = mpiunit.describe(parse_show(PARTITION_SHOW.format(active)), "node2")
+    if active in ("active", "deactivating"):
+        assert unit == {"running": True, "state": active, "out": "/srv/dglkit/partitions/p/2part",
+                        "hosts": {"node2": "10.77.0.12", "node3": "10.77.0.13"}, "line": f"node2: partition (mpi) {active}"}
+    else:
+        assert unit == {"running": False, "state": active, "out": "", "hosts": {}, "line": ""}
+
+
+def test_the_ranks_of_a_partition_are_found_by_their_environment_and_waited_for(tmp_path: Path) -> None:
+    sleep = [sys.executable, "-c", "import time; time.sleep(120)"]
+    rank = subprocess.Popen(sleep, env={**os.environ, PROGRESS_ENV: str(tmp_path / "progress")})
+    mention = subprocess.Popen([*sleep, f"{PROGRESS_ENV}={tmp_path}"], env={**os.environ, "X": f"{PROGRESS_ENV}=1"})
+    try:
+        assert [line.split(":")[0] for line in mpiunit.rank_processes(0)] == [str(rank.pid)]
+        threading.Timer(0.5, rank.kill).start()
+        started = time.monotonic()
+        assert mpiunit.rank_processes(10) == [] and time.monotonic() - started < 5
+    finally:
+        rank.kill()
+        mention.kill()
+        rank.wait()
