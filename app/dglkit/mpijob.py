@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -29,6 +30,7 @@ from dglkit.resources import GB, host_memory, mpi_rank_estimate, mpi_ranks_neede
 
 UNIT = "dglkit-partition.service"
 RUNNING = ("active", "activating", "deactivating", "reloading")
+STOPPED = "stopped (SIGTERM: playbooks/stop.yml, or systemctl stop of its unit)"
 # ssh gives up on a peer that stopped answering (a host that died without closing its connections), so that
 # mpirun learns of a lost daemon in seconds instead of the kernel's TCP timeout.
 SSH_OPTIONS = "-o BatchMode=yes -o ServerAliveInterval=5 -o ServerAliveCountMax=3"
@@ -127,12 +129,19 @@ def run_job(args: argparse.Namespace) -> int:
         for _, command in steps:
             command += ["--batch-edges", args.batch_edges]
     started = time.time()
+    signal.signal(signal.SIGTERM, stopped)
     for step, command in steps:
         write_json(work / "step.json", {"step": step, "started": time.time()})
         log = work / f"{step}.log"
-        with open(log, "wb") as output:
-            code = subprocess.run([*mpirun, sys.executable, "-m", *map(str, command)], stdout=output,
-                                  stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL).returncode
+        try:
+            with open(log, "wb") as output:
+                code = subprocess.run([*mpirun, sys.executable, "-m", *map(str, command)], stdout=output,
+                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL).returncode
+        except Stopped:  # subprocess.run killed mpirun on its way out
+            write_json(work / "failed.json", {"step": step, "stopped": True, "reason": STOPPED, "log": str(log),
+                                              "tail": mpiblame.tail(log)})
+            print(f"dglkit mpi: {step} {STOPPED}", file=sys.stderr)
+            return 1
         if code:
             host, reason = mpiblame.blame(log.read_text(errors="replace"), args.hosts, work / "progress")
             write_json(work / "failed.json", {"step": step, "exit_code": code, "host": host, "reason": reason,
@@ -143,6 +152,14 @@ def run_job(args: argparse.Namespace) -> int:
     shutil.rmtree(work)
     emit_result({"changed": True, "out": str(args.out), "seconds": round(time.time() - started, 1)})
     return 0
+
+
+class Stopped(Exception):
+    """SIGTERM: stop.yml stopped the partition's unit (systemd signals every process in it)."""
+
+
+def stopped(signum: int, frame: object) -> None:
+    raise Stopped
 
 
 def mpirun_command(work: Path, ranks: int, network: str) -> list[str]:
@@ -180,6 +197,10 @@ def look(out: Path, hosts: dict[str, str], state: str | None = None) -> dict[str
     if complete(out, None, len(hosts)):
         return {"state": "succeeded", "nodes": nodes, "line": f"partition (mpi) succeeded: {out}"}
     failed = read_json(work / "failed.json") or {}
+    if failed.get("stopped"):
+        message = f"the mpi partition was {STOPPED} in its {failed.get('step')} step; the next train.yml starts it afresh"
+        return {"state": "stopped", "nodes": nodes, "failed_host": None, "message": message, "tail": [],
+                "line": f"partition (mpi) stopped: {message}"}
     host = failed.get("host")
     message = (f"the mpi partition failed in its {failed['step']} step on {host or 'an unknown host'}: "
                f"{failed['reason']}; log {failed['log']}" if failed else

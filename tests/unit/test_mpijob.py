@@ -141,3 +141,21 @@ def test_a_host_whose_ssh_connection_closed_is_named_by_its_address(tmp_path: Pa
     hosts = {"node2": "10.77.40.12", "node3": "10.77.40.13"}
     assert blame(HOST_DOWN_LOG, hosts, tmp_path) == ("node3", "the SSH connection to its Open MPI daemon closed")
     assert blame("", hosts, tmp_path) == (None, "mpirun failed before any rank reported")
+
+
+def test_a_stopped_run_says_so_leaves_no_rank_and_no_partition(synthetic_dataset: Path, tmp_path: Path) -> None:
+    """systemctl stop (stop.yml) signals every process of the unit: here the runner's session stands for it."""
+    out = tmp_path / "part"
+    command = [sys.executable, "-m", "dglkit", "mpi", "run", "--dataset-dir", str(synthetic_dataset), "--out", str(out),
+               "--graph-name", "g", "--hosts", HOSTS, "--batch-edges", "32"]
+    runner = subprocess.Popen(command, env=ENV, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, start_new_session=True)
+    rank_of(runner.pid, 1)
+    ranks = psutil.Process(runner.pid).children(recursive=True)
+    os.killpg(runner.pid, signal.SIGTERM)
+    _, stderr = runner.communicate(timeout=60)
+    assert runner.returncode == 1 and "assign stopped (SIGTERM" in stderr, stderr[-2000:]
+    gone, alive = psutil.wait_procs(ranks, timeout=10)
+    assert not alive and not out.exists(), alive
+    state = watched(out)
+    assert state["state"] == "stopped" and "was stopped (SIGTERM" in state["line"] and "in its assign step" in state["line"]
