@@ -9,8 +9,8 @@ import time
 from pathlib import Path
 from typing import TextIO
 
-from dglkit.blame import progress
-from dglkit.common import read_json, write_json
+from dglkit.blame import failed_file, progress
+from dglkit.common import write_json
 from dglkit.launcher.failure import log_tail, newer_dgl_hint, publish_failed
 
 STATUS_EVERY = 2.0
@@ -74,7 +74,7 @@ class Node:
 
     def failed_record(self) -> dict | None:
         """The job's FAILED file when it is about this attempt."""
-        failed = read_json(self.job_dir / "FAILED")
+        failed = failed_file(self.job_dir)  # typed as watch reads it: a field of the wrong type counts as absent
         return failed if failed is not None and failed.get("attempt", 1) == self.attempt else None
 
     def fail(self, process: str, code: int | None, reason: str, log: Path, node: str | None = None,

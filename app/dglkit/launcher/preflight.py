@@ -12,8 +12,8 @@ from typing import Any
 import psutil
 
 from dglkit import kinds, nodedata
-from dglkit.blame import restart_refused
-from dglkit.common import UserError, check_machine_count, read_json, read_partition_config
+from dglkit.blame import failed_file, restart_refused
+from dglkit.common import UserError, check_machine_count, read_partition_config
 from dglkit.launcher.command import BUILTIN_COMMAND, check_executables, expand, graph_name, in_program_dir
 from dglkit.launcher.options import DEFAULTS, check_numbers, settings
 from dglkit.settings import SETTINGS
@@ -58,7 +58,7 @@ def check_port_free(address: str, port: int, purpose: str) -> None:
 def job_over(cfg: argparse.Namespace) -> str | None:
     """Why the job in --job-dir has failed for good (its FAILED file ends it), or None. A FAILED that another
     attempt follows is a restart in progress, which a launcher started late (a host back from a reboot) joins."""
-    failed = read_json(Path(cfg.job_dir) / "FAILED") if cfg.job_dir else None
+    failed = failed_file(Path(cfg.job_dir)) if cfg.job_dir else None
     if failed is None:
         return None
     refused = restart_refused(Path(cfg.job_dir), failed, cfg.max_restarts)
