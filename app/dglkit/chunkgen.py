@@ -179,7 +179,9 @@ def labelled_nodes(params: dict[str, Any], ntype: str, chunk: int, classes_of) -
     centres = np.random.default_rng([params["seed"], CENTRES]).standard_normal(
         (num_classes, params["feat_dim"]), dtype=np.float32) * np.float32(scale / np.sqrt(params["feat_dim"]))
     feat = rng.standard_normal((len(ids), params["feat_dim"]), dtype=np.float32)
-    feat += centres[klass]
+    step = max(1, (1 << 24) // (4 * params["feat_dim"]))  # the centres added 16 MB of rows at a time: no second chunk-sized array
+    for begin in range(0, len(ids), step):
+        feat[begin:begin + step] += centres[klass[begin:begin + step]]
     yield "node", ntype, "feat", feat
     del feat
     labels = klass.astype(np.int64)

@@ -2,6 +2,7 @@
 of a graph that no host holds, by PT-Scotch (dglkit.ptscotch) across W ranks, each holding about 1/W of it.
 
 Rank r owns node IDs starts[r] .. starts[r+1] - 1 (dglkit.mpicomm) and:
+0. of a graph in DGL's chunked format, reads and checks its chunks: a bad one refuses the run on every rank;
 1. counts what it will receive, so that its adjacency buffer is allocated once, exactly;
 2. reads its share of the edges in batches and sends each edge in both directions to the owner of its first
    end (Alltoallv, one batch a round): the owner keeps owned * N + neighbour keys and counts in-degrees;
@@ -32,9 +33,11 @@ from dglkit.mpicomm import (
     PROGRESS,
     ArraysInput,
     ChunkedInput,
+    check_input,
     exchange,
     lookup,
     mpi_main,
+    open_input,
     owner,
     padded,
     ranges,
@@ -47,7 +50,7 @@ TRAIN_MASK = "train_mask"
 def parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="mpirun -np W python -m dglkit.mpiassign")
     source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--dataset-dir", type=Path, help="a dataset prepared with --arrays")
+    source.add_argument("--dataset-dir", type=Path, help="a dataset prepared with --arrays, or a chunked one")
     source.add_argument("--chunked", type=Path, help="a graph in DGL's chunked format (its metadata.json's directory)")
     parser.add_argument("--out", required=True, type=Path, help="assignment directory (replaced when complete)")
     parser.add_argument("--num-parts", required=True, type=int)
@@ -66,11 +69,13 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 def program(comm: Any, argv: list[str]) -> int:
     args = parse(argv)
-    data = ChunkedInput(args.chunked) if args.chunked else ArraysInput(args.dataset_dir)
+    data = ChunkedInput(args.chunked) if args.chunked else open_input(args.dataset_dir)
     if not 2 <= args.num_parts <= data.num_nodes:
         raise UserError(f"--num-parts must be between 2 and the {data.num_nodes} nodes, got {args.num_parts}")
     rank, size = comm.Get_rank(), comm.Get_size()
     started = time.perf_counter()
+    PROGRESS.phase("check")
+    check_input(comm, data)
     starts = ranges(data.num_nodes, size)
     PROGRESS.phase("shuffle")
     keys, in_degree = shuffle(comm, data, starts, args.batch_edges)
@@ -129,7 +134,7 @@ def shuffle(comm: Any, data: ArraysInput | ChunkedInput, starts: np.ndarray, bat
     keys = np.empty(int(to_receive.sum()), np.int64)
     filled = 0
     in_degree = np.zeros(int(starts[rank + 1]) - first, np.int64)
-    count = rounds(comm, data.share_edges(rank, size), batch)
+    count = rounds(comm, data.num_batches(rank, size, batch))
     for _, src, dst in padded(data.edge_batches(rank, size, batch), count):
         loop = src == dst
         forward, _ = exchange(comm, np.stack([src[~loop], dst[~loop]], 1), owner(src[~loop], starts))

@@ -5,9 +5,11 @@ the lean builder's (dglkit.leanpart) for the same assignment, written by the sam
 Rank r owns node IDs starts[r] .. starts[r+1] - 1 and edges E * r // K .. E * (r + 1) // K - 1 (dglkit.mpicomm):
 1. new node IDs: parts own contiguous ranges, original order within a part. From the per-rank counts of each
    part (Allgather) rank r numbers its own nodes; each node's ID pair goes to its part, which then reads its
-   nodes' rows of the node data (a block at a time) and writes node_feat.dgl;
+   nodes' rows of the arrays' node data (a block at a time) or, of a chunked graph, receives them from the
+   ranks that read the node chunks (chunk i on rank i mod K), and writes node_feat.dgl;
 2. new edge IDs: an edge belongs to its destination's part, original order within a part. A first pass over
-   the rank's edges counts them per part (the ends' parts asked of their owners); a second numbers them and
+   the rank's edges counts them per segment (its range of the arrays, or each chunk) and part (the ends' parts
+   asked of their owners); a second numbers them and
    sends each to its destination's part (the in-edges of its nodes) and, when its source is in another part,
    to the source's part too (the candidates for the edges into halo nodes);
 3. part P keeps as halo nodes the other parts' sources of its in-edges and, as partition_graph does for one
@@ -29,21 +31,41 @@ import numpy as np
 
 from dglkit import leanpart
 from dglkit.common import UserError, emit_result, peak_rss_mb, read_json, write_json
-from dglkit.mpicomm import BATCH_EDGES, PROGRESS, ArraysInput, exchange, lookup, mpi_main, owner, padded, ranges, rounds
+from dglkit.mpicomm import (
+    BATCH_EDGES,
+    BATCH_ROW_BYTES,
+    PROGRESS,
+    ArraysInput,
+    ChunkedInput,
+    Input,
+    exchange,
+    lookup,
+    mpi_main,
+    open_input,
+    owner,
+    padded,
+    ranges,
+    rounds,
+)
 from dglkit.partition import read_rows
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="mpirun -np NUM_PARTS python -m dglkit.mpibuild")
-    parser.add_argument("--dataset-dir", required=True, type=Path, help="a dataset prepared with --arrays")
+    parser.add_argument("--dataset-dir", required=True, type=Path,
+                        help="a dataset prepared with --arrays, or a homogeneous graph in DGL's chunked format")
     parser.add_argument("--assignment", required=True, type=Path, help="the directory dglkit.mpiassign wrote")
     parser.add_argument("--out", required=True, type=Path, help="partition directory (replaced when complete)")
     parser.add_argument("--graph-name", default="graph", help="DistGraph name; the config is <name>.json")
-    parser.add_argument("--batch-edges", type=int, default=BATCH_EDGES, help="edges per exchange round")
+    parser.add_argument("--batch-edges", type=int, default=BATCH_EDGES,
+                        help="edges (and at most as many node data rows) per exchange round")
     return parser.parse_args(argv)
 
 
-def check_assignment(args: argparse.Namespace, data: ArraysInput, num_parts: int) -> dict[str, Any]:
+def check_assignment(args: argparse.Namespace, data: Input, num_parts: int) -> dict[str, Any]:
+    if isinstance(data, ChunkedInput) and data.graph.heterogeneous:
+        raise UserError(f"{args.dataset_dir}: the mpi builder builds homogeneous partitions (one node type, one edge "
+                        "type); partition a heterogeneous graph with another builder")
     manifest = read_json(args.assignment / "manifest.json")
     if not manifest or not manifest.get("complete"):
         raise UserError(f"{args.assignment} holds no complete assignment: run dglkit.mpiassign first")
@@ -56,7 +78,7 @@ def check_assignment(args: argparse.Namespace, data: ArraysInput, num_parts: int
 
 def program(comm: Any, argv: list[str]) -> int:
     args = parse(argv)
-    data = ArraysInput(args.dataset_dir)
+    data = open_input(args.dataset_dir)
     rank, num_parts = comm.Get_rank(), comm.Get_size()
     assignment = check_assignment(args, data, num_parts)
     started = time.perf_counter()
@@ -68,14 +90,15 @@ def program(comm: Any, argv: list[str]) -> int:
     offsets = start_output(comm, tmp, data)
     part_dir = tmp / f"part{rank}"
     part_dir.mkdir()
-    train_nodes = leanpart.write_node_data(part_dir, {
-        name: read_rows(data.dir / f"node_{name}.npy", owned) for name in data.node_data})
+    PROGRESS.phase("send node data")
+    train_nodes = leanpart.write_node_data(part_dir, part_node_data(comm, data, owned, starts, table, node_starts,
+                                                                    args.batch_edges))
     write_at(tmp / "orig_nids.npy", offsets, int(node_starts[rank]), owned)
     del owned
     PROGRESS.phase("count edges")
-    edge_starts, before = edge_ranges(comm, data, starts, table, args.batch_edges)
+    edge_starts, bases = edge_ranges(comm, data, starts, table, args.batch_edges)
     PROGRESS.phase("send edges")
-    inner, candidates, cut = send_edges(comm, data, starts, table, edge_starts, before, args.batch_edges)
+    inner, candidates, cut = send_edges(comm, data, starts, table, edge_starts, bases, args.batch_edges)
     del table
     write_at(tmp / "orig_eids.npy", offsets, int(edge_starts[rank]), inner[:, 0])
     PROGRESS.phase("write")
@@ -125,13 +148,50 @@ def owned_nodes(comm: Any, table: np.ndarray, starts: np.ndarray) -> np.ndarray:
     return received[np.argsort(received[:, 0]), 1]
 
 
+def part_node_data(comm: Any, data: Input, owned: np.ndarray, starts: np.ndarray,
+                   table: np.ndarray, node_starts: np.ndarray, batch: int) -> dict[str, np.ndarray]:
+    """Every node data's rows of this rank's part, in new-ID order: read from the arrays' rows of `owned` (the
+    part's original IDs), or sent to the part by the ranks that read the chunks."""
+    if isinstance(data, ArraysInput):
+        return {name: read_rows(data.dir / f"node_{name}.npy", owned) for name in data.node_data}
+    return {name: received_rows(comm, data, name, starts, table, node_starts, batch) for name in data.node_data}
+
+
+def received_rows(comm: Any, data: ChunkedInput, name: str, starts: np.ndarray, table: np.ndarray,
+                  node_starts: np.ndarray, batch: int) -> np.ndarray:
+    """Node data `name` of this rank's part, in new-ID order: each rank reads its chunks a batch of rows a
+    round, asks the owners of their nodes for (part, new ID) and sends each row, as int64 words of its bytes
+    after its new ID, to its part. Collective."""
+    rank, size = comm.Get_rank(), comm.Get_size()
+    dtype, row_shape = data.node_header(name)
+    items = int(np.prod(row_shape, dtype=np.int64))
+    row_bytes = dtype.itemsize * items
+    words = -(-row_bytes // 8)
+    per_round = max(1, min(batch, BATCH_ROW_BYTES // (8 * words + 8)))
+    mine = sum(-(-count // per_round) for count in data.graph.node_chunks[data.graph.node_types[0]][rank::size])
+    count = rounds(comm, mine)
+    batches = data.node_batches(name, rank, size, per_round)
+    received = np.zeros((int(node_starts[rank + 1] - node_starts[rank]), words), np.int64)
+    for done in range(count):
+        ids, rows = next(batches, (np.zeros(0, np.int64), np.zeros((0, *row_shape), dtype)))
+        PROGRESS.step(done + 1, count)
+        placed = lookup(comm, ids, starts, table)
+        packed = np.zeros((len(ids), words), np.int64)
+        packed.view(np.uint8)[:, :row_bytes] = np.ascontiguousarray(rows).reshape(len(ids), items).view(np.uint8)
+        got, _ = exchange(comm, np.concatenate([placed[:, 1:], packed], 1), placed[:, 0])
+        received[got[:, 0] - node_starts[rank]] = got[:, 1:]
+    raw = received.view(np.uint8)
+    raw = raw if raw.shape[1] == row_bytes else np.ascontiguousarray(raw[:, :row_bytes])
+    return raw.view(dtype).reshape(len(raw), *row_shape)
+
+
 def npy_header(length: int) -> bytes:
     header = io.BytesIO()
     np.lib.format.write_array_header_1_0(header, {"descr": "<i8", "fortran_order": False, "shape": (length,)})
     return header.getvalue()
 
 
-def start_output(comm: Any, tmp: Path, data: ArraysInput) -> dict[str, int]:
+def start_output(comm: Any, tmp: Path, data: Input) -> dict[str, int]:
     """The temporary output directory with orig_nids.npy and orig_eids.npy at full size for the ranks to fill;
     return each file's data offset."""
     lengths = {"orig_nids.npy": data.num_nodes, "orig_eids.npy": data.num_edges}
@@ -152,39 +212,49 @@ def write_at(path: Path, offsets: dict[str, int], index: int, values: np.ndarray
         f.seek(offsets[path.name] + 8 * index)
         np.ascontiguousarray(values, dtype="<i8").tofile(f)
 
-def ends(comm: Any, data: ArraysInput, starts: np.ndarray, table: np.ndarray, batch: int
+def ends(comm: Any, data: Input, starts: np.ndarray, table: np.ndarray, batch: int
          ) -> Iterator[tuple[int, np.ndarray, np.ndarray, np.ndarray]]:
     """(first edge ID, source (part, new ID) rows, destination rows, source IDs) of this rank's edges, a
     batch a round; empty batches once its share is done, until every rank's is."""
     rank, size = comm.Get_rank(), comm.Get_size()
-    count = rounds(comm, data.share_edges(rank, size), batch)
+    count = rounds(comm, data.num_batches(rank, size, batch))
     for first, src, dst in padded(data.edge_batches(rank, size, batch), count):
         rows = lookup(comm, np.concatenate([src, dst]), starts, table)
         yield first, rows[:len(src)], rows[len(src):], src
 
 
-def edge_ranges(comm: Any, data: ArraysInput, starts: np.ndarray, table: np.ndarray, batch: int
+def edge_ranges(comm: Any, data: Input, starts: np.ndarray, table: np.ndarray, batch: int
                 ) -> tuple[np.ndarray, np.ndarray]:
-    """Where each part's new edge IDs start, and how many of them the ranks before this one hold, from every
-    rank's count of its edges per destination part."""
-    counts = np.zeros(comm.Get_size(), np.int64)
-    for _, _, dst_rows, _ in ends(comm, data, starts, table, batch):
-        counts += np.bincount(dst_rows[:, 0], minlength=len(counts))
-    every = np.array(comm.allgather(counts))
-    return np.concatenate([[0], np.cumsum(every.sum(0))]), every[:comm.Get_rank()].sum(0)
+    """Where each part's new edge IDs start, and where the new IDs of each segment's edges into each part start
+    (segments x parts; a segment is a rank's range of the arrays, or a chunk), from every rank's count of its
+    edges per segment and destination part: new IDs follow the original order within a part, whichever rank
+    reads which segment."""
+    segments = data.segment_starts(comm.Get_size())
+    counts = np.zeros((len(segments), comm.Get_size()), np.int64)
+    for first, _, dst_rows, _ in ends(comm, data, starts, table, batch):
+        counts[segment_of(segments, first)] += np.bincount(dst_rows[:, 0], minlength=comm.Get_size())
+    counts = comm.allreduce(counts)
+    edge_starts = np.concatenate([[0], np.cumsum(counts.sum(0))])
+    return edge_starts, edge_starts[:-1] + np.cumsum(counts, 0) - counts
 
 
-def send_edges(comm: Any, data: ArraysInput, starts: np.ndarray, table: np.ndarray, edge_starts: np.ndarray,
-               before: np.ndarray, batch: int) -> tuple[np.ndarray, np.ndarray, int]:
+def segment_of(segments: np.ndarray, first: int) -> int:
+    """The segment of the batch whose first edge ID is `first` (a batch never spans two)."""
+    return int(np.searchsorted(segments, first, side="right")) - 1
+
+
+def send_edges(comm: Any, data: Input, starts: np.ndarray, table: np.ndarray, edge_starts: np.ndarray,
+               bases: np.ndarray, batch: int) -> tuple[np.ndarray, np.ndarray, int]:
     """This part's in-edges as rows (original ID, new source, new destination), row i the one of new ID
     edge_starts[p] + i; the other parts' edges out of its nodes into theirs as rows (new ID, new source, new
-    destination) in new-ID order; and how many of this rank's edges join two parts. before[q]: the edges into
-    part q of the ranks before this one."""
+    destination) in new-ID order; and how many of this rank's edges join two parts. bases[s, q]: the new ID of
+    segment s's first edge into part q."""
     first_id = int(edge_starts[comm.Get_rank()])
-    next_id = edge_starts[:-1] + before  # per part: the new ID of this rank's next edge into it
+    segments, next_ids = data.segment_starts(comm.Get_size()), bases.copy()  # the next edge's of each segment
     inner = np.empty((int(edge_starts[comm.Get_rank() + 1]) - first_id, 3), np.int64)
     candidates, cut = [], 0
     for first, src_rows, dst_rows, src in ends(comm, data, starts, table, batch):
+        next_id = next_ids[segment_of(segments, first)]
         new_eids = numbered(dst_rows[:, 0], next_id)
         next_id += np.bincount(dst_rows[:, 0], minlength=len(next_id))
         orig = np.arange(first, first + len(src))
@@ -219,7 +289,7 @@ def write_part_graph(part_dir: Path, p: int, node_starts: np.ndarray, first_id: 
     return len(halo)
 
 
-def finish(args: argparse.Namespace, tmp: Path, data: ArraysInput, assignment: dict[str, Any], node_starts: np.ndarray,
+def finish(args: argparse.Namespace, tmp: Path, data: Input, assignment: dict[str, Any], node_starts: np.ndarray,
            edge_starts: np.ndarray, parts: list[dict[str, Any]], cut: int, seconds: float) -> None:
     """Rank 0, once every part is written: the config, the manifest (last), then the directory's own name."""
     leanpart.write_config(tmp, args.graph_name, "ptscotch", node_starts, edge_starts)

@@ -4,7 +4,7 @@ stops every rank when one fails.
 
 Run them under `mpirun -np W python -m dglkit.<program> ...`: rank r owns node IDs starts[r] .. starts[r+1] - 1
 and reads edges E * r // W .. E * (r + 1) // W - 1 of the dataset's arrays/ (`dglkit prepare --arrays`) or,
-for the assignment, the edge chunks i with i mod W = r of a graph in DGL's chunked format.
+of a graph in DGL's chunked format (`dglkit prepare --dataset chunked`), the chunks i with i mod W = r.
 """
 
 import os
@@ -21,6 +21,8 @@ from dglkit.common import UserError, peak_rss_mb, read_json, write_json
 
 # Edges read and sent per round: each round's buffers (about 64 bytes per edge) stay this size whatever the graph.
 BATCH_EDGES = 1 << 22
+# Bytes of node data rows read and sent per round (a chunk's rows go to their parts in rounds of this size).
+BATCH_ROW_BYTES = 1 << 26
 # Where each rank replaces its progress file (`dglkit mpi run` sets it; unset: no file).
 PROGRESS_ENV = "DGLKIT_MPI_PROGRESS"
 PROGRESS_SECONDS = 2.0
@@ -124,6 +126,13 @@ class ArraysInput:
         begin, end = self.edge_range(rank, size)
         return end - begin
 
+    def num_batches(self, rank: int, size: int, batch: int) -> int:
+        return -(-self.share_edges(rank, size) // batch)
+
+    def segment_starts(self, size: int) -> np.ndarray:
+        """The first edge IDs of the ranks' ranges, in order (a batch lies in one)."""
+        return ranges(self.num_edges, size)[:-1]
+
     def edge_batches(self, rank: int, size: int, batch: int = BATCH_EDGES) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
         """(first edge ID, src, dst) of this rank's share, `batch` edges at a time."""
         begin, end = self.edge_range(rank, size)
@@ -135,25 +144,47 @@ class ArraysInput:
         return np.asarray(np.load(self.dir / f"node_{name}.npy", mmap_mode="r")[begin:end])
 
 
+def open_input(dataset_dir: Path) -> "Input":
+    """The dataset that dataset_dir/dataset.json describes: a graph in DGL's chunked format where it is, or the
+    arrays/ that `prepare --arrays` wrote."""
+    dataset = read_json(dataset_dir / "dataset.json")
+    if dataset is not None and dataset.get("format") == "chunked":
+        return ChunkedInput(Path(dataset["path"]), dataset.get("fingerprint"))
+    return ArraysInput(dataset_dir)
+
+
 class ChunkedInput:
     """A graph in DGL's chunked format (dglkit.chunked), every node and edge type as one homogeneous graph:
-    the edge chunks of all types, in metadata order, go to the ranks round robin (chunk i to rank i mod W),
-    type-local IDs become homogeneous ones by their type's offset. Its node data is not read here."""
+    the chunks of all types, in metadata order, go to the ranks round robin (chunk i to rank i mod W),
+    type-local IDs become homogeneous ones by their type's offset. Its node data is read for homogeneous graphs
+    (the one node type's)."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, fingerprint: str | None = None) -> None:
         from dglkit import chunked
 
         self.graph = chunked.load(root)
         self.num_nodes = sum(self.graph.num_nodes.values())
         self.num_edges = sum(self.graph.num_edges.values())
-        self.node_data: list[str] = []
-        self.fingerprint: str | None = None
+        ntype = self.graph.node_types[0]
+        self.node_data: list[str] = [] if self.graph.heterogeneous else list(self.graph.node_data.get(ntype, {}))
+        self.fingerprint = fingerprint
         first_ids = np.cumsum([0] + [n for etype in self.graph.edge_types for n in self.graph.edge_chunks[etype]])
         self.chunks = [(etype, chunk) for etype in self.graph.edge_types for chunk in range(len(self.graph.edge_chunks[etype]))]
         self.first_ids = [int(first) for first in first_ids[:-1]]  # of each chunk, edge IDs in the same order
 
-    def share_edges(self, rank: int, size: int) -> int:
-        return sum(self.graph.edge_chunks[etype][chunk] for etype, chunk in self.chunks[rank::size])
+    def check(self, rank: int, size: int) -> None:
+        """Read and check this rank's chunks (UserError naming the file and the fix)."""
+        from dglkit import chunked
+
+        chunked.check_chunks(self.graph, range(rank, self.graph.num_chunks, size))
+
+    def segment_starts(self, size: int) -> np.ndarray:
+        """The first edge IDs of the chunks, in edge ID order (a batch lies in one chunk)."""
+        return np.array(self.first_ids, np.int64)
+
+    def num_batches(self, rank: int, size: int, batch: int) -> int:
+        """edge_batches' count: each chunk in batches of its own."""
+        return sum(-(-self.graph.edge_chunks[etype][chunk] // batch) for etype, chunk in self.chunks[rank::size])
 
     def edge_batches(self, rank: int, size: int, batch: int = BATCH_EDGES) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
         from dglkit import chunked
@@ -166,12 +197,54 @@ class ChunkedInput:
             for begin in range(0, len(src), batch):
                 yield first + begin, src[begin:begin + batch], dst[begin:begin + batch]
 
+    def node_header(self, name: str) -> tuple[np.dtype, tuple[int, ...]]:
+        """The dtype and row shape of node data `name` (chunk 0's, which every chunk shares: checked)."""
+        from dglkit import chunked
 
-def rounds(comm: Any, num_edges: int, batch: int = BATCH_EDGES) -> int:
+        first = self.graph.node_data[self.graph.node_types[0]][name][0]
+        return chunked.data_header(first, self.graph.formats[first])
+
+    def node_batches(self, name: str, rank: int, size: int, batch: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """(node IDs, their rows) of this rank's chunks of node data `name`, `batch` rows at a time; a .npy
+        chunk is mapped, so that only the batch is read into memory."""
+        from dglkit import chunked
+
+        ntype = self.graph.node_types[0]
+        counts, files = self.graph.node_chunks[ntype], self.graph.node_data[ntype][name]
+        for chunk in range(rank, len(counts), size):
+            path = files[chunk]
+            rows = (chunked.load_npy(path, mmap=True) if self.graph.formats[path].name == "numpy"
+                    else chunked.read_node_data(self.graph, ntype, name, chunk))
+            first = sum(counts[:chunk])
+            for begin in range(0, len(rows), batch):
+                end = min(begin + batch, len(rows))
+                yield np.arange(first + begin, first + end, dtype=np.int64), np.asarray(rows[begin:end])
+
+
+# What the MPI programs read: a dataset's arrays/ or a chunked graph.
+Input = ArraysInput | ChunkedInput
+
+
+def check_input(comm: Any, data: Input) -> None:
+    """Every rank checks its chunks of a chunked graph before any exchange; a bad chunk on any rank refuses the
+    run on every rank with each rank's finding (mpi_main prints rank 0's UserError). Collective."""
+    if not isinstance(data, ChunkedInput):
+        return
+    try:
+        data.check(comm.Get_rank(), comm.Get_size())
+        problem = None
+    except UserError as error:
+        problem = str(error)
+    problems = list(dict.fromkeys(p for p in comm.allgather(problem) if p))
+    if problems:
+        raise UserError("; ".join(problems))
+
+
+def rounds(comm: Any, batches: int) -> int:
     """The number of exchange rounds: the most batches any rank has (every rank takes part in each)."""
     from mpi4py import MPI
 
-    return int(comm.allreduce(-(-num_edges // batch), op=MPI.MAX))
+    return int(comm.allreduce(batches, op=MPI.MAX))
 
 
 def padded(batches: Iterator[tuple[int, np.ndarray, np.ndarray]], count: int

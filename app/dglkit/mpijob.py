@@ -39,12 +39,12 @@ SSH_OPTIONS = "-o BatchMode=yes -o ServerAliveInterval=5 -o ServerAliveCountMax=
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
     check = actions.add_parser("check", help="this worker's memory against its rank's estimate; is P done?")
-    check.add_argument("--dataset-dir", required=True, type=Path, help="a dataset prepared with --arrays")
+    check.add_argument("--dataset-dir", required=True, type=Path, help="a dataset prepared with --arrays, or chunked")
     check.add_argument("--out", required=True, type=Path, help="the partition directory")
     check.add_argument("--num-parts", required=True, type=int, help="the workers, one rank and one part each")
     check.add_argument("--memory-gb", type=float, help="memory this host may use, in GB (default: what it has)")
     run = actions.add_parser("run", help="mpirun of the assignment and the build (in the partition unit)")
-    run.add_argument("--dataset-dir", required=True, type=Path, help="a dataset prepared with --arrays")
+    run.add_argument("--dataset-dir", required=True, type=Path, help="a dataset prepared with --arrays, or chunked")
     run.add_argument("--out", required=True, type=Path, help="the partition directory")
     run.add_argument("--graph-name", required=True, help="DistGraph name; the config is <name>.json")
     run.add_argument("--hosts", required=True, type=host_list, help="NAME=ADDRESS,... one rank each, in order")
@@ -95,8 +95,11 @@ def check_packages() -> None:
 def check(args: argparse.Namespace) -> int:
     check_packages()
     dataset = read_json(args.dataset_dir / "dataset.json")
-    if dataset is None or "arrays" not in dataset:
-        raise UserError(f"{args.dataset_dir} is not a dataset prepared with --arrays: run its prepare step first")
+    if dataset is None or ("arrays" not in dataset and dataset.get("format") != "chunked"):
+        raise UserError(f"{args.dataset_dir} is neither a dataset prepared with --arrays nor a graph in DGL's chunked "
+                        "format: run its prepare step first")
+    if dataset.get("heterogeneous"):
+        raise UserError(f"{args.dataset_dir} is heterogeneous: the mpi builder builds homogeneous partitions")
     sizes = (dataset["num_nodes"], dataset["num_edges"], dataset.get("feat_dim", 0))
     need = mpi_rank_estimate(*sizes, args.num_parts)
     have, source = host_memory() if args.memory_gb is None else (int(args.memory_gb * GB), "--memory-gb")

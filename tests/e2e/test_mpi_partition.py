@@ -1,12 +1,12 @@
 """dgl_job_partition_builder: mpi through train.yml on a cluster of its own (node1 storage, node2 and node3
 workers; dglkit_mpi and dglkit_ssh_mesh on): a worker host shut down mid-partition fails the step naming it
-and leaves no partition; with every host's memory capped below what the single-host builder needs for a graph
-whose features dominate, the mpi builder partitions it on the workers (each rank's memory checked first, each
-within its estimate), and GraphSAGE then trains on it (caps lifted: the job's servers hold the parts, which takes
-more than the caps) to the accuracy the single-host builder's partition gives the same graph and seed.
-
-The dataset itself is prepared whole on the storage host before the caps, arrays included (the MPI programs
-read the arrays `prepare --arrays` writes): under the caps its prepare step is a no-op.
+and leaves no partition, and the next run writes no chunk again; with every host's memory capped below what
+the single-host builder needs for a graph whose features dominate, the workers write the synthetic graph chunk
+by chunk (each its own chunk, the storage host metadata.json and dataset.json only: no host holds the graph),
+the mpi builder partitions it from the chunks (each rank's memory checked first, each within its estimate),
+and GraphSAGE then trains on it (caps lifted: the job's servers hold the parts, which takes more than the caps)
+to the accuracy the single-host builder's partition gives the whole-graph generator's graph of the same
+settings.
 """
 from __future__ import annotations
 
@@ -58,6 +58,7 @@ def partitions(cluster: Cluster) -> Path:
 def test_a_worker_host_shut_down_mid_partition_fails_the_step_naming_it(site: Cluster, runs: Path) -> None:
     proc = start_train(site, runs, *SMALL, *MPI)
     work = wait_for_build_ranks(site, proc)
+    chunks = chunk_manifests(site, work)
     site.shutdown("node3")
     try:
         output, _ = proc.communicate(timeout=600)
@@ -69,11 +70,22 @@ def test_a_worker_host_shut_down_mid_partition_fails_the_step_naming_it(site: Cl
     partition = work.name.removesuffix(".tmp")
     assert not (partitions(site) / partition).exists() and not (work / "partition" / "manifest.json").exists()
     site.boot("node3")
-    # The next run removes what the failed one left and completes.
+    # The next run removes what the failed one left and completes; the graph's chunks are not written again.
     run = train(site, runs, *SMALL, *MPI)
     assert json.loads((partitions(site) / partition / "manifest.json").read_text())["complete"], run.output[-3000:]
+    assert chunk_manifests(site, work) == chunks and len(chunks) == 2
+    generated = run.output.split("Write each worker's chunk of the synthetic graph on that worker")[1].split("TASK")[0]
+    assert "ok: [node2]" in generated and "ok: [node3]" in generated and "changed" not in generated, generated
     assert not work.exists()
     assert_clean(site)
+
+
+def chunk_manifests(cluster: Cluster, work: Path) -> dict[str, dict]:
+    """The chunk manifests of the synthetic graph that the partition in `work` (<partition>.tmp) is of, with
+    their modification times."""
+    dataset = cluster.workspace / "datasets" / work.name.removesuffix(".tmp").removesuffix("-2p-mpi")
+    return {p.name: {**json.loads(p.read_text()), "mtime": p.stat().st_mtime_ns}
+            for p in (dataset / "chunks" / "manifests").glob("chunk-*.json")}
 
 
 def wait_for_build_ranks(cluster: Cluster, proc: subprocess.Popen, timeout: float = 600) -> Path:
@@ -97,12 +109,7 @@ def test_capped_hosts_partition_with_mpi_and_train_as_the_single_host_path(site:
     dataset_id = Path(part_config).parent.name.removesuffix("-2p")
     dataset = json.loads((site.workspace / "datasets" / dataset_id / "dataset.json").read_text())
     sizes = dataset["num_nodes"], dataset["num_edges"], dataset["feat_dim"]
-    # The mpi builder reads the dataset's arrays: written here, uncapped (the lean run's prepare wrote none).
-    site.ssh("node1", f"runuser -u dglkit -- {VENV}/bin/python -m dglkit prepare --dataset synthetic --out "
-                      f"{WORKSPACE}/datasets/{dataset_id} --num-nodes 160000 --avg-degree 10 --num-classes 10 "
-                      "--feat-dim 2048 --seed 0 --arrays", timeout=900)
-    lean, rank = memory_estimate("lean", *sizes, 2), mpi_rank_estimate(*sizes, 2)
-    assert rank < lean
+    lean = memory_estimate("lean", *sizes, 2)
     # Just below what the single-host builder needs: the most a host may have while it is refused.
     caps = {host: (working_set(site, host) + lean - 100 * 2**20) // 2**20 for host in site.hosts()}
     for host, cap in caps.items():
@@ -113,16 +120,16 @@ def test_capped_hosts_partition_with_mpi_and_train_as_the_single_host_path(site:
                                     f"{WORKSPACE}/datasets/{dataset_id} --out {WORKSPACE}/partitions/capped --num-parts 2",
                            check=False, timeout=300)
         assert refused.returncode == 2 and "(--builder lean) needs about" in refused.stderr, refused.stderr
-        # ... and the mpi builder partitions on the capped workers. The job's servers then hold the parts in
-        # memory and its trainers fetch features: training, not partitioning, needs more than the caps here
-        # (a trainer was OOM-killed under them), so they are lifted once the partition is complete.
+        # ... and, every host capped, the workers write the graph and the mpi builder partitions it. The job's
+        # servers then hold the parts in memory and its trainers fetch features: training, not partitioning,
+        # needs more than the caps here (a trainer was OOM-killed under them), so they are lifted once the
+        # partition is complete.
+        started = time.time()
         proc = start_train(site, runs, *WIDE, *MPI)
-        manifest_path = site.workspace / "partitions" / f"{dataset_id}-2p-mpi" / "manifest.json"
-        deadline = time.monotonic() + 900
-        while proc.poll() is None and time.monotonic() < deadline and not (
-                manifest_path.is_file() and json.loads(manifest_path.read_text()).get("complete")):
+        deadline = time.monotonic() + 1200
+        while proc.poll() is None and time.monotonic() < deadline and not new_mpi_partition(site, started):
             time.sleep(0.2)
-        partitioned_capped = manifest_path.is_file() and json.loads(manifest_path.read_text()).get("complete")
+        partitioned_capped = new_mpi_partition(site, started)
     finally:
         for host in caps:
             site.cap_memory(host, 0)
@@ -137,11 +144,43 @@ def test_capped_hosts_partition_with_mpi_and_train_as_the_single_host_path(site:
     assert "partition (mpi) succeeded" in flat_output
     folder = run_folder(output)
     partition = Path(json.loads((folder / "job.json").read_text())["part_config"]).parent
-    assert partition.name == f"{dataset_id}-2p-mpi"
-    manifest = json.loads((site.workspace / "partitions" / partition.name / "manifest.json").read_text())
+    assert partition.name == partitioned_capped.parent.name and partition.name.endswith("-2p-mpi")
+    manifest = json.loads(partitioned_capped.read_text())
+    local = site.workspace / "datasets" / Path(manifest["dataset_dir"]).name
+    chunked = json.loads((local / "dataset.json").read_text())
+    rank = mpi_rank_estimate(chunked["num_nodes"], chunked["num_edges"], chunked["feat_dim"], 2)
+    result = json.loads((folder / "result.json").read_text())
+    # The run's figures beside its run folders (docs/claims.md quotes them).
+    (runs / "mpi-figures.json").write_text(json.dumps({
+        "chunks": [json.loads(p.read_text()) for p in sorted((local / "chunks" / "manifests").glob("*.json"))],
+        "describe_peak_rss_mb": chunked["peak_rss_mb"], "ranks": manifest["parts"], "rank_estimate": rank,
+        "lean_estimate": lean, "val_acc": result["val_acc"], "lean_val_acc": single_result["val_acc"]}, indent=1))
+    assert_no_host_held_the_graph(site, Path(manifest["dataset_dir"]))
+    assert rank < lean
     # Every rank peaked within its estimate, below what the single-host builder is estimated to need.
     assert manifest["complete"] and max(p["peak_rss_mb"] for p in manifest["parts"]) * 2**20 < rank, manifest["parts"]
-    result = json.loads((folder / "result.json").read_text())
-    # Chance is 0.1 (10 classes); two partitions of the same graph train alike within noise.
+    # Chance is 0.1 (10 classes); the two generators' graphs of the same settings train alike within noise.
     assert result["val_acc"] > 0.3 and abs(result["val_acc"] - single_result["val_acc"]) < 0.1, (result, single_result)
     assert_clean(site)
+
+
+def new_mpi_partition(cluster: Cluster, since: float) -> Path | None:
+    """The manifest of a complete mpi partition written after `since`."""
+    for path in partitions(cluster).glob("synthetic-*-2p-mpi/manifest.json"):
+        if path.stat().st_mtime > since and json.loads(path.read_text()).get("complete"):
+            return path
+    return None
+
+
+def assert_no_host_held_the_graph(cluster: Cluster, dataset_dir: Path) -> None:
+    """Worker r wrote chunk r, each process peaking below the graph's features alone; the storage host described
+    it from metadata.json and the labels, one chunk at a time; nothing of the graph was written whole."""
+    local = cluster.workspace / "datasets" / dataset_dir.name
+    dataset = json.loads((local / "dataset.json").read_text())
+    features_mb = dataset["num_nodes"] * dataset["feat_dim"] * 4 / 2**20
+    chunks = [json.loads((local / "chunks" / "manifests" / f"chunk-{i}.json").read_text()) for i in (0, 1)]
+    hostnames = [cluster.ssh(host, "hostname").stdout.strip() for host in WORKERS]
+    assert [chunk["host"] for chunk in chunks] == hostnames, chunks
+    assert all(chunk["peak_rss_mb"] < features_mb for chunk in chunks), (chunks, features_mb)
+    assert dataset["format"] == "chunked" and dataset["peak_rss_mb"] < features_mb, dataset
+    assert not (local / "graph.dgl").exists() and not (local / "arrays").exists()

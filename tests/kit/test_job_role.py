@@ -91,6 +91,14 @@ def test_the_partition_builder_gives_its_own_partition_and_job(records: dict) ->
     assert builder["partition"] == defaults["partition"] + "-dgl" and builder["job"] != defaults["job"]
 
 
+def test_the_mpi_builders_synthetic_graph_is_a_dataset_of_its_own(records: dict) -> None:
+    """Written chunk by chunk on the workers by the chunked generator: another graph than the whole one's of the
+    same settings. A user's chunked graph stays the same dataset whatever the builder."""
+    defaults, mpi = ids(records, "defaults"), ids(records, "builder-mpi")
+    assert mpi["dataset"] != defaults["dataset"] and mpi["partition"] == mpi["dataset"] + "-2p-mpi"
+    assert ids(records, "chunked-mpi")["dataset"] == ids(records, "chunked")["dataset"]
+
+
 def test_link_prediction_gets_a_dataset_of_its_own(records: dict) -> None:
     defaults, links = ids(records, "defaults"), ids(records, "link-prediction")
     assert links["dataset"] != defaults["dataset"] and links["job"] != defaults["job"]

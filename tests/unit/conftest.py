@@ -55,6 +55,17 @@ def synthetic_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def chunked_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A homogeneous graph written by `dglkit chunked generate` (3 chunks of 1000 nodes, 5 float32 features: rows
+    of 20 bytes), prepared as a chunked dataset where it is (dataset.json only)."""
+    directory = tmp_path_factory.mktemp("chunked")
+    build("chunked", "generate", "--out", directory / "chunks", "--num-chunks", 3, "--num-nodes", 3000,
+          "--avg-degree", 8, "--num-classes", 4, "--feat-dim", 5, "--seed", 3)
+    build("prepare", "--dataset", "chunked", "--path", directory / "chunks", "--out", directory / "dataset")
+    return directory / "dataset"
+
+
+@pytest.fixture(scope="session")
 def make_partition(synthetic_dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
     """make_partition(num_parts, graphbolt=False, builder="lean") -> the partition config (<dir>/graph.json),
     built once."""

@@ -2,11 +2,16 @@
 (seed, chunk) alone, read back with dglkit.chunked."""
 
 import filecmp
+import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from conftest import APP
 from dglkit import chunked
 from test_data import centroid_accuracy
 
@@ -71,6 +76,26 @@ def test_two_writers_halves_equal_one_writers_whole(cli, tmp_path):
     two = sorted(p.relative_to(shared) for p in shared.rglob("*.*") if "manifests" not in p.parts)
     assert one == two and len(one) == 4 * 6 + 1
     assert all(filecmp.cmp(tmp_path / "one" / p, shared / p, shallow=False) for p in one)
+
+
+def test_a_killed_writer_leaves_a_chunk_that_no_later_run_trusts(cli, tmp_path):
+    """A writer killed once its chunk's edges are written, its node data still to come: the chunk has no
+    manifest, finish refuses naming it, and the next run writes it again."""
+    big = ["--num-chunks", "2", "--num-nodes", "400000", "--feat-dim", "256", "--seed", "1"]
+    writer = subprocess.Popen([sys.executable, "-m", "dglkit", "chunked", "generate", "--out", str(tmp_path), *big,
+                               "--chunks", "0"], env={**os.environ, "PYTHONPATH": str(APP)},
+                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "edges" / "_N:_E:_N-0.csv").exists() and writer.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    writer.kill()
+    writer.wait()
+    assert (tmp_path / "edges" / "_N:_E:_N-0.csv").exists() and not (tmp_path / "manifests" / "chunk-0.json").exists()
+    assert cli("chunked", "generate", "--out", tmp_path, *big, "--chunks", "1")[1]["written_chunks"] == [1]
+    code, _, err = cli("chunked", "finish", "--out", tmp_path)
+    assert code == 2 and "chunks [0] are not written" in err and not (tmp_path / "metadata.json").exists()
+    assert cli("chunked", "generate", "--out", tmp_path, *big, "--chunks", "0")[1]["written_chunks"] == [0]
+    assert cli("chunked", "finish", "--out", tmp_path)[1]["changed"]
 
 
 def test_rerun_writes_nothing_and_other_parameters_rewrite(cli, tmp_path):

@@ -98,6 +98,16 @@ def test_the_memory_check_refuses_with_the_figures(synthetic_dataset: Path, tmp_
             "about") in proc.stderr, proc.stderr
 
 
+def test_the_memory_check_reads_a_chunked_graphs_sizes(chunked_dataset: Path, tmp_path: Path) -> None:
+    dataset = json.loads((chunked_dataset / "dataset.json").read_text())
+    sizes = (dataset["num_nodes"], dataset["num_edges"], dataset["feat_dim"])
+    args = ("--dataset-dir", chunked_dataset, "--out", tmp_path / "p", "--num-parts", 2)
+    result = json.loads(dglkit("mpi", "check", *args).stdout.splitlines()[-1])
+    assert result["done"] is False and result["estimated_memory_gb"] == round(mpi_rank_estimate(*sizes, 2) / GB, 2)
+    proc = dglkit("mpi", "check", *args, "--memory-gb", mpi_rank_estimate(*sizes, 2) / GB / 2, check=False)
+    assert proc.returncode == 2 and "the mpi partition's rank needs about" in proc.stderr, proc.stderr
+
+
 def test_each_rank_writes_its_progress(synthetic_dataset: Path, tmp_path: Path) -> None:
     progress = tmp_path / "progress"
     progress.mkdir()

@@ -3,6 +3,7 @@ ranks on the shared synthetic graph (a degree-corrected block model: a partition
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -13,8 +14,9 @@ import dgl
 import numpy as np
 import psutil
 import pytest
+from dgl.data.utils import load_tensors
 
-from dglkit import leanpart
+from dglkit import chunked, leanpart
 from dglkit.mpiassign import load_assignment
 from localjob import build
 from test_partition import assert_same_files, owned_and_halo
@@ -206,3 +208,68 @@ def test_build_refuses_an_assignment_for_another_number_of_ranks(synthetic_datas
     proc = mpirun(2, "mpibuild", "--dataset-dir", synthetic_dataset, "--assignment", assignment_dir, "--out",
                   tmp_path / "parts", check=False)
     assert proc.returncode == 2 and "run with mpirun -np 4" in proc.stderr and not (tmp_path / "parts").exists()
+
+
+@pytest.fixture(scope="module")
+def chunked_as_arrays(chunked_dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The chunked graph gathered on this host (edges in chunk order, node data) into a files dataset with arrays/:
+    the arrays path's input for the same graph."""
+    graph = chunked.load(chunks_of(chunked_dataset))
+    chunks = range(graph.num_chunks)
+    edges = np.concatenate([np.stack(chunked.read_edges(graph, "_N:_E:_N", c), 1) for c in chunks])
+    data = {name: np.concatenate([chunked.read_node_data(graph, "_N", name, c) for c in chunks])
+            for name in graph.node_data["_N"]}
+    directory = tmp_path_factory.mktemp("gathered")
+    np.savez(directory / "graph.npz", edges=edges, **data)
+    build("prepare", "--dataset", "files", "--path", directory / "graph.npz", "--out", directory / "dataset", "--arrays")
+    return directory / "dataset"
+
+
+def chunks_of(dataset: Path) -> Path:
+    return Path(json.loads((dataset / "dataset.json").read_text())["path"])
+
+
+def test_a_chunked_graph_partitions_as_the_arrays_of_the_same_graph(chunked_dataset, chunked_as_arrays, tmp_path):
+    """Each rank reads its chunks (3 on 2 ranks, 700 rows a round: the ranks run out of rows at different rounds)
+    and sends each node's rows to its part: the same assignment and the same partition files as the arrays path
+    on the same graph, and each node's data is its chunk's row by original ID."""
+    for name, dataset in (("chunked", chunked_dataset), ("arrays", chunked_as_arrays)):
+        mpirun(2, "mpiassign", "--dataset-dir", dataset, "--out", tmp_path / f"{name}-assignment", "--num-parts", 2)
+        mpirun(2, "mpibuild", "--dataset-dir", dataset, "--assignment", tmp_path / f"{name}-assignment", "--out",
+               tmp_path / name, "--batch-edges", 700)
+    np.testing.assert_array_equal(load_assignment(tmp_path / "chunked-assignment"),
+                                  load_assignment(tmp_path / "arrays-assignment"))
+    assert_same_files(tmp_path / "chunked", tmp_path / "arrays", 2)
+    manifest = json.loads((tmp_path / "chunked" / "manifest.json").read_text())
+    assert manifest["dataset_fingerprint"] == json.loads((chunked_dataset / "dataset.json").read_text())["fingerprint"]
+    orig = np.load(tmp_path / "chunked" / "orig_nids.npy")
+    graph = chunked.load(chunks_of(chunked_dataset))
+    for name in ("feat", "labels", "train_mask"):
+        whole = np.concatenate([chunked.read_node_data(graph, "_N", name, c) for c in range(graph.num_chunks)])
+        parts = [load_tensors(str(tmp_path / "chunked" / f"part{p}" / "node_feat.dgl"))[f"_N/{name}"].numpy()
+                 for p in range(2)]
+        np.testing.assert_array_equal(np.concatenate(parts), whole[orig])
+
+
+@pytest.mark.parametrize("bad", ["edges", "feat"])
+def test_a_bad_chunk_refuses_the_run_before_any_partitioning(chunked_dataset, tmp_path, bad):
+    """Chunk 1 (rank 1's) has a node ID out of range, or a feature chunk a row short: every rank stops in its
+    check phase, rank 0 prints rank 1's finding naming the file, and nothing is written."""
+    root = tmp_path / "chunks"
+    shutil.copytree(chunks_of(chunked_dataset), root)
+    if bad == "edges":
+        path = root / "edges" / "_N:_E:_N-1.csv"
+        lines = path.read_text().splitlines()
+        path.write_text("\n".join(["0 3000", *lines[1:]]) + "\n")
+    else:
+        path = root / "node_data" / "_N" / "feat-1.npy"
+        np.save(path, np.load(path)[:-1])
+    build("prepare", "--dataset", "chunked", "--path", root, "--out", tmp_path / "dataset")
+    progress, out = tmp_path / "progress", tmp_path / "assignment"
+    progress.mkdir()
+    proc = subprocess.run(mpi_command(2, "mpiassign", "--dataset-dir", tmp_path / "dataset", "--out", out,
+                                      "--num-parts", 2), capture_output=True, text=True, stdin=subprocess.DEVNULL,
+                          env={**ENV, "DGLKIT_MPI_PROGRESS": str(progress)}, timeout=300)
+    assert proc.returncode == 2 and f"error: {path}: " in proc.stderr, proc.stderr[-3000:]
+    assert [json.loads((progress / f"rank{r}.json").read_text())["phase"] for r in (0, 1)] == ["check", "check"]
+    assert not out.exists() and not (tmp_path / ".assignment.partial").exists()
