@@ -41,7 +41,7 @@ $(CACHE)/.deps:
 
 setup: $(CACHE)/.deps  ## wheelhouse, test-host root, local apt repository, then the controller venv
 	$(PYTHON) $(CLUSTER) stage
-	$(PYTHON) tests/vm/vmlab.py image
+	$(PYTHON) -m tests.vm.vmlab image
 	$(MAKE) --no-print-directory $(VENV)/.complete
 
 # On two pytest-xdist workers: tests/conftest.py says which tests share one (a cluster, the VM lab) and in what order.
