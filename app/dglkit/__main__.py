@@ -6,6 +6,7 @@ import sys
 from collections.abc import Collection
 
 from dglkit.common import UserError
+from dglkit.progress import PROGRESS
 
 # command -> (module, one-line help). Each module has add_arguments(parser) and run(args) -> int.
 COMMANDS = {
@@ -22,6 +23,7 @@ COMMANDS = {
     "settings": ("dglkit.settings", "write the files generated from the job settings' declaration (--write)"),
     "clidoc": ("dglkit.clidoc", "write docs/cli.md, this CLI's options, from the commands' parsers (--write)"),
     "plan": ("dglkit.plan", "check a job's settings and derive its id and files (the controller, JSON in --request)"),
+    "follow": ("dglkit.follow", "run a long dglkit command in the background and answer with its progress or its result"),
     "control": ("dglkit.control", "the job unit on this node: its state, stopping it, what a stopped job left"),
 }
 
@@ -44,6 +46,7 @@ def command_parser(chosen: Collection[str]) -> argparse.ArgumentParser:
 
 def run_command(argv: list[str]) -> int:
     args = command_parser(argv[:1]).parse_args(argv)
+    PROGRESS.begin(args.subcommand)
     try:
         return args.run(args)
     except UserError as error:
