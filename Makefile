@@ -20,7 +20,7 @@ LOCK_FLAGS  := --universal --python-version 3.10 --exclude-newer 2024-03-06 \
 	$(foreach p,certifi idna requests urllib3 psutil packaging mpi4py,--exclude-newer-package $(p)=false) \
 	--excludes app/requirements/node-excluded.txt --generate-hashes --custom-compile-command 'make lock'
 
-.PHONY: deps setup test test-fast test-unit test-e2e test-vm demo demo-down lint lock settings collection
+.PHONY: deps setup test test-fast test-unit test-e2e test-vm demo demo-down lint lock settings docs collection
 
 deps:  ## Debian packages the harness needs on this machine
 	apt-get update -qq
@@ -41,7 +41,7 @@ $(CACHE)/.deps:
 
 setup: $(CACHE)/.deps  ## wheelhouse, test-host root, local apt repository, then the controller venv
 	$(PYTHON) $(CLUSTER) stage
-	$(PYTHON) tests/vm/vmlab.py image
+	$(PYTHON) -m tests.vm.vmlab image
 	$(MAKE) --no-print-directory $(VENV)/.complete
 
 # On two pytest-xdist workers: tests/conftest.py says which tests share one (a cluster, the VM lab) and in what order.
@@ -60,6 +60,10 @@ test-e2e: setup
 
 test-vm: setup  ## the whole VM tier, its longest tests included (needs the e2e tier's venv seed)
 	$(VENV)/bin/pytest -m vm tests/vm
+
+# The commands' modules import dgl and torch: the controller venv's Python.
+docs:  ## docs/cli.md, the node CLI's option reference, from the commands' argparse parsers
+	PYTHONPATH=app $(VENV)/bin/python -m dglkit clidoc --write
 
 settings:  ## the role defaults, argument specs, sample job.yml and docs/settings.md table from app/dglkit/settings.py
 	PYTHONPATH=app $(PYTHON) -m dglkit settings --write

@@ -20,8 +20,8 @@ import psutil
 
 from benchlib import REPO
 
-sys.path.insert(0, str(REPO / "tests" / "cluster"))
-from clusterclient import WS, Cluster, named  # noqa: E402 (tests/cluster is no package)
+sys.path.insert(0, str(REPO))  # a script: the repository, for the test clusters' client
+from tests.cluster.clusterclient import WS, Cluster, named  # noqa: E402
 
 VENV_PYTHON = f"{WS}/venv/bin/python"
 UNIT = "dglkit-bench-job"

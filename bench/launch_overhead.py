@@ -36,8 +36,8 @@ import psutil
 
 import benchlib
 
-sys.path.insert(0, str(benchlib.REPO / "tests" / "cluster"))
-from clusterclient import Cluster, named  # noqa: E402 (tests/cluster is no package)
+sys.path.insert(0, str(benchlib.REPO))  # a script: the repository, for the test clusters' client
+from tests.cluster.clusterclient import Cluster, named  # noqa: E402
 
 PROGRAM = benchlib.REPO / "tests" / "programs" / "train_dist"
 ACCOUNT_UID = 30050

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import benchlib
 
-sys.path.insert(0, str(benchlib.REPO / "tests" / "cluster"))
-from clusterclient import Cluster, named  # noqa: E402 (tests/cluster is no package)
+sys.path.insert(0, str(benchlib.REPO))  # a script: the repository, for the test clusters' client
+from tests.cluster.clusterclient import Cluster, named  # noqa: E402
 
 # A job that finishes in seconds: the finished job that status.yml, stop.yml and train.yml look at.
 JOB = ["-e", "dgl_job_synthetic_nodes=5000", "-e", "dgl_job_epochs=1", "-e", "dgl_job_batch_size=100"]

@@ -3,8 +3,10 @@
 import argparse
 import importlib
 import sys
+from collections.abc import Collection
 
 from dglkit.common import UserError
+from dglkit.progress import PROGRESS
 
 # command -> (module, one-line help). Each module has add_arguments(parser) and run(args) -> int.
 COMMANDS = {
@@ -19,25 +21,32 @@ COMMANDS = {
     "report": ("dglkit.report", "summarise a finished job: summary and training curves"),
     "pack": ("dglkit.pack", "a job directory's regular files as one tar archive (links and FIFOs left out)"),
     "settings": ("dglkit.settings", "write the files generated from the job settings' declaration (--write)"),
+    "clidoc": ("dglkit.clidoc", "write docs/cli.md, this CLI's options, from the commands' parsers (--write)"),
     "plan": ("dglkit.plan", "check a job's settings and derive its id and files (the controller, JSON in --request)"),
+    "follow": ("dglkit.follow", "run a long dglkit command in the background and answer with its progress or its result"),
     "control": ("dglkit.control", "the job unit on this node: its state, stopping it, what a stopped job left"),
 }
 
 THEN = "--then"
 
 
-def run_command(argv: list[str]) -> int:
+def command_parser(chosen: Collection[str]) -> argparse.ArgumentParser:
+    """The CLI's parser with the options of the chosen commands (docs/cli.md is made from all of them)."""
     parser = argparse.ArgumentParser(prog="dglkit", description=__doc__)
     commands = parser.add_subparsers(dest="subcommand", required=True, metavar="COMMAND")
-    chosen = argv[0] if argv and argv[0] in COMMANDS else None
     for name, (module_name, help_text) in COMMANDS.items():
         sub = commands.add_parser(name, help=help_text, description=help_text)
         # Import only the chosen command's module: importing dgl and torch costs seconds.
-        if name == chosen:
+        if name in chosen:
             module = importlib.import_module(module_name)
             module.add_arguments(sub)
             sub.set_defaults(run=module.run)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def run_command(argv: list[str]) -> int:
+    args = command_parser(argv[:1]).parse_args(argv)
+    PROGRESS.begin(args.subcommand)
     try:
         return args.run(args)
     except UserError as error:

@@ -23,6 +23,7 @@ import numpy as np
 
 from dglkit import chunkprep, hetero, kinds
 from dglkit.common import UserError, digest, emit_result, peak_rss_mb, read_csv, read_json, write_json
+from dglkit.progress import PROGRESS
 from dglkit.resources import MEMORY_HELP, check_fits, memory_estimate
 from dglkit.settings import SETTINGS
 
@@ -112,6 +113,8 @@ def run(args: argparse.Namespace) -> int:
                    args.memory_gb, ways_out="prepare on a storage host with more memory (the inventory's storage "
                    "group), or prepare the dataset elsewhere and give it as --dataset files")
     start = time.perf_counter()
+    PROGRESS.phase({"files": "read the files", "ogb": "load the OGB dataset (download, convert)"}.get(
+        source, f"generate the {source} graph"))
     if source == "synthetic":
         # Arrays by name; a heterogeneous graph's also name its category and hold dicts per type.
         arrays: dict[str, Any] = synthetic(np.random.default_rng(args.seed), **params["graph"])
@@ -127,6 +130,7 @@ def run(args: argparse.Namespace) -> int:
     category = arrays.get("category")
     if category and args.arrays:
         raise UserError("--arrays (for `partition --builder distributed`) works on homogeneous graphs only")
+    PROGRESS.phase("build the graph")
     graph = hetero.make_graph(arrays) if category else make_graph(
         arrays, reverse=source != "synthetic" and args.add_reverse_edges)
     del arrays
@@ -135,6 +139,7 @@ def run(args: argparse.Namespace) -> int:
     held_out = hold_out_edges(graph, params["edges"], np.random.default_rng(args.seed)) if params.get("edges") else None
 
     import dgl
+    PROGRESS.phase("save graph.dgl")
     out.mkdir(parents=True, exist_ok=True)
     if held_out:
         graph = held_out.pop("graph")
@@ -170,11 +175,13 @@ def write_arrays(graph, directory: Path) -> None:
     tmp = directory.with_name(directory.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    for name, ids in zip(("src", "dst"), graph.edges()):
-        np.save(tmp / f"{name}.npy", ids.numpy())
-    for name, tensor in graph.ndata.items():
+    files = {f"{name}.npy": ids for name, ids in zip(("src", "dst"), graph.edges())}
+    files.update({f"node_{name}.npy": tensor for name, tensor in graph.ndata.items()})
+    PROGRESS.phase("write arrays/", total=len(files), unit="arrays")
+    for done, (name, tensor) in enumerate(files.items(), 1):
         array = tensor.numpy()
-        np.save(tmp / f"node_{name}.npy", array.astype(np.uint8) if array.dtype == bool else array)
+        np.save(tmp / name, array.astype(np.uint8) if array.dtype == bool else array)
+        PROGRESS.step(done)
     os.replace(tmp, directory)
 
 

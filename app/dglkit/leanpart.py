@@ -30,6 +30,8 @@ from typing import Any
 
 import numpy as np
 
+from dglkit.progress import PROGRESS
+
 
 def assign_in_child(graph_file: Path, out: Path, num_parts: int, method: str, balance_train: bool,
                     balance_edges: bool) -> None:
@@ -197,8 +199,13 @@ def build(graph_file: Path, assignment: np.ndarray, out: Path, graph_name: str,
     def build_one(p: int) -> dict[str, int]:
         return build_part(out, p, layout, src, dst, lambda owned: {name: array[owned] for name, array in ndata.items()})
 
+    PROGRESS.phase(f"build the parts, {builders} at a time", total=num_parts, unit="parts")
     with ThreadPoolExecutor(builders) as pool:
-        parts = list(pool.map(build_one, range(num_parts)))
+        parts = []
+        for part in pool.map(build_one, range(num_parts)):  # in order: a line may count a part late, never early
+            parts.append(part)
+            PROGRESS.step(len(parts))
+    PROGRESS.phase("write the ID mappings and config")
     return finish(out, layout, src, graph_name, part_method, parts)
 
 

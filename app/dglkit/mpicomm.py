@@ -9,7 +9,6 @@ of a graph in DGL's chunked format (`dglkit prepare --dataset chunked`), the chu
 
 import os
 import sys
-import time
 import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -17,7 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from dglkit.common import UserError, peak_rss_mb, read_json, write_json
+from dglkit import progress
+from dglkit.common import UserError, read_json
 
 # Edges read and sent per round: each round's buffers (about 64 bytes per edge) stay this size whatever the graph.
 BATCH_EDGES = 1 << 22
@@ -25,38 +25,15 @@ BATCH_EDGES = 1 << 22
 BATCH_ROW_BYTES = 1 << 26
 # Where each rank replaces its progress file (`dglkit mpi run` sets it; unset: no file).
 PROGRESS_ENV = "DGLKIT_MPI_PROGRESS"
-PROGRESS_SECONDS = 2.0
 
 
-class Progress:
-    """This rank's progress file, $DGLKIT_MPI_PROGRESS/rank<r>.json: host, program, phase, exchange rounds done of
-    the phase's, peak RSS and time; replaced at each new phase and at most every PROGRESS_SECONDS within one.
-    `dglkit mpi watch` shows them per host and names the rank that stopped first."""
-
-    def __init__(self) -> None:
-        self.path: Path | None = None
-        self.record: dict[str, Any] = {}
-        self.written = 0.0
+class Progress(progress.Progress):
+    """This rank's progress file, $DGLKIT_MPI_PROGRESS/rank<r>.json (dglkit.progress's record with the rank and
+    program). `dglkit mpi watch` shows them per host and names the rank that stopped first."""
 
     def start(self, rank: int, program: str) -> None:
         directory = os.environ.get(PROGRESS_ENV)
-        self.path = Path(directory) / f"rank{rank}.json" if directory else None
-        self.record = {"rank": rank, "host": os.uname().nodename, "program": program}
-        self.phase("start")
-
-    def phase(self, name: str) -> None:
-        self.record.update(phase=name, done=0, total=0)
-        self.write()
-
-    def step(self, done: int, total: int) -> None:
-        self.record.update(done=done, total=total)
-        if time.monotonic() - self.written >= PROGRESS_SECONDS or done == total:
-            self.write()
-
-    def write(self) -> None:
-        if self.path is not None:
-            write_json(self.path, {**self.record, "peak_rss_mb": round(peak_rss_mb()), "time": time.time()})
-            self.written = time.monotonic()
+        self.open(Path(directory) / f"rank{rank}.json" if directory else None, {"rank": rank, "program": program})
 
 
 PROGRESS = Progress()

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from dglkit.common import UserError, emit_result, peak_rss_mb, read_json, write_json
+from dglkit.progress import PROGRESS
 from dglkit.resources import GB, MEMORY_HELP, check_fits, lean_builders, memory_estimate
 
 DISTRIBUTED_STEPS = ("assign", "part", "finish")
@@ -147,6 +148,7 @@ def lean_partition(args: argparse.Namespace, graph_file: Path, out: Path, manife
     from dglkit import leanpart
 
     start = time.perf_counter()
+    PROGRESS.phase(f"assign nodes to parts ({args.part_method})")
     leanpart.assign_in_child(graph_file, out / ASSIGNMENT, args.num_parts, args.part_method,
                              args.balance_train, args.balance_edges)
     timings["assign_s"] = lap(start)
@@ -190,6 +192,7 @@ def distributed_assign(args: argparse.Namespace, dataset: dict[str, Any], out: P
     from dglkit import leanpart
 
     start = time.perf_counter()
+    PROGRESS.phase(f"assign nodes to parts ({args.part_method})")
     if args.part_method == "metis" and args.num_parts > 1:
         train = (np.asarray(dataset_array(args.dataset_dir, dataset, "node_train_mask")).astype(bool)
                  if args.balance_train else None)
@@ -253,6 +256,7 @@ def dgl_partition(args: argparse.Namespace, graph_file: Path, out: Path, part_co
     import dgl
 
     start = time.perf_counter()
+    PROGRESS.phase("load graph.dgl")
     try:
         (graph,), _ = dgl.load_graphs(str(graph_file))
     except Exception as error:  # DGL raises plain DGLError/RuntimeError for unreadable files
@@ -260,6 +264,7 @@ def dgl_partition(args: argparse.Namespace, graph_file: Path, out: Path, part_co
     timings["load_s"] = lap(start)
 
     start = time.perf_counter()
+    PROGRESS.phase(f"partition_graph ({args.part_method})")
     orig_nids, orig_eids = dgl.distributed.partition_graph(
         graph, args.graph_name, args.num_parts, str(out), num_hops=args.num_hops, part_method=args.part_method,
         balance_ntypes=graph.ndata["train_mask"] if args.balance_train else None,
@@ -305,6 +310,7 @@ def to_graphbolt(part_config: Path) -> float:
     from dgl.distributed import dgl_partition_to_graphbolt
 
     start = time.perf_counter()
+    PROGRESS.phase("convert to GraphBolt")
     dgl_partition_to_graphbolt(str(part_config))
     return lap(start)
 

@@ -256,7 +256,8 @@ SECTIONS: list[tuple[Section, list[Setting]]] = [
                 "changes.", PLAYBOOK, sample=None, minimum=1),
         Setting("progress_seconds", "int", 5, "Shortest time between two progress lines of a running job (each line "
                 "is a poll: a round trip and a Python start on the storage host); a change of state is reported at "
-                "once.", PLAYBOOK, sample=None, minimum=0),
+                "once. Also the longest wait of one poll of the dataset's prepare and partition (at least 1 s).",
+                PLAYBOOK, sample=None, minimum=0),
     ]),
     (Section("Job id and results", "Job id: empty derives it from the settings and the partition, so the same job run "
              "twice is found\nfinished the second time (nothing runs, changed=0). Set dgl_job_force: true to run it "

@@ -23,7 +23,7 @@ from pathlib import Path
 import psutil
 import yaml
 
-import staging
+from tests.cluster import staging
 
 REPO = Path(__file__).resolve().parents[2]
 TESTCLUSTER = REPO / "tests" / "cluster" / "testcluster.py"

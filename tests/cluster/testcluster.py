@@ -29,7 +29,7 @@ import sys
 import time
 from pathlib import Path
 
-import staging
+import staging  # a script: its own folder is on the path (clusterclient.py runs it, never imports it)
 
 STATE = Path("/var/lib/dglkit-testcluster")
 # Hierarchies systemd uses on a hybrid cgroup machine; each host gets its own group in both.

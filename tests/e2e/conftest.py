@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cluster"))
-from clusterclient import Cluster, PlaybookRun, named, testcluster  # noqa: E402,F401 (tests/cluster is no package)
+from tests.cluster.clusterclient import Cluster, PlaybookRun, named, testcluster  # noqa: F401 (the tests' types)
 
 KEEP = os.environ.get("DGLKIT_KEEP_CLUSTERS") == "1"
 

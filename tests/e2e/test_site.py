@@ -20,8 +20,8 @@ import yaml
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-import staging  # tests/cluster: on the path since conftest.py
 from jobhelpers import as_job_user, flat, mesh_ssh
+from tests.cluster import staging
 
 if TYPE_CHECKING:
     from conftest import Cluster, PlaybookRun

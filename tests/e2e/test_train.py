@@ -132,7 +132,9 @@ def test_partition_graph_partition_trains_as_the_lean_one(site: Cluster, runs: P
     """The same job on dgl.distributed.partition_graph's partition of the same graph: its own partition id,
     METIS cuts alike, and the model reaches the accuracy it reaches on the lean partition (the default)."""
     lean = json.loads((run_folder(train(site, runs, *JOB).output) / "result.json").read_text())
-    run = train(site, runs, *JOB, "-e", "dgl_job_partition_builder=dgl")
+    run = train(site, runs, *JOB, "-e", "dgl_job_partition_builder=dgl", "-e", "dgl_job_progress_seconds=1")
+    # A line a second while the storage host partitions (dglkit follow's polls), timed as the job's own lines.
+    assert re.search(r"^\d\d:\d\d:\d\d partition: [a-z]", run.output, re.M), run.output[-4000:]
     folder = run_folder(run.output)
     partition = Path(json.loads((folder / "job.json").read_text())["part_config"]).parent
     assert partition.name.endswith("-2p-dgl")

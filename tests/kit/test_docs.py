@@ -1,6 +1,9 @@
 """The documentation's links inside the repository lead somewhere: every relative link in README.md and docs/
-names a file that exists and, with a #fragment, a heading of that file."""
+names a file that exists and, with a #fragment, a heading of that file. The node CLI's option reference
+(docs/cli.md) is what the commands' parsers make."""
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -32,3 +35,17 @@ def test_every_relative_link_names_a_file_and_heading_that_exist(page: Path) -> 
         elif fragment and fragment not in {anchor(h) for h in HEADING.findall(dest.read_text())}:
             broken.append(f"{target}: no heading with id {fragment} in {dest.relative_to(REPO)}")
     assert not broken, f"{page.relative_to(REPO)}: " + "; ".join(broken)
+
+
+def test_the_cli_reference_is_what_the_parsers_make(tmp_path: Path) -> None:
+    """`dglkit clidoc` (make docs) finds docs/cli.md current, and names it once an option's help changes."""
+    command = [sys.executable, "-m", "dglkit", "clidoc", "--root"]  # from app/: this checkout's dglkit
+    current = subprocess.run([*command, str(REPO)], cwd=REPO / "app", capture_output=True, text=True, timeout=300)
+    assert current.returncode == 0, f"docs/cli.md is stale: run make docs ({current.stderr.strip()})"
+    (tmp_path / "docs").mkdir()
+    reference = (REPO / "docs" / "cli.md").read_text()
+    edited = reference.replace("| the workers, one rank and one part each |", "| the workers |")
+    assert edited != reference
+    (tmp_path / "docs" / "cli.md").write_text(edited)
+    stale = subprocess.run([*command, str(tmp_path)], cwd=REPO / "app", capture_output=True, text=True, timeout=300)
+    assert stale.returncode == 1 and "docs/cli.md differs" in stale.stderr and "make docs" in stale.stderr

@@ -3,17 +3,16 @@ every requirement of node.in in it at a version node.in allows."""
 from __future__ import annotations
 
 import re
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from tests.cluster import staging
+
 REPO = Path(__file__).resolve().parents[2]
 REQUIREMENTS = REPO / "app" / "requirements"
-sys.path.insert(0, str(REPO / "tests" / "cluster"))
-import staging  # noqa: E402  (tests/cluster is no package)
 
 
 def direct_requirements(path: Path) -> Iterator[Requirement]:

@@ -6,11 +6,8 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import vmlab  # noqa: E402
-
-# isort: split
-import staging  # noqa: E402  (on the path since vmlab: tests/cluster is no package)
+from tests.cluster import staging
+from tests.vm import vmlab
 
 HOSTS = ["node1", "node2"]  # node1 is the storage host
 # Per test, its share of the session's VM boot included: under TCG emulation the first site.yml takes many minutes.

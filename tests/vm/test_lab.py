@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-import vmlab
+from tests.vm import vmlab
 
 pytestmark = pytest.mark.vm
 

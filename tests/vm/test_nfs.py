@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-import vmlab
+from tests.vm import vmlab
 
 pytestmark = pytest.mark.vm
 

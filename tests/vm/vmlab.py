@@ -1,10 +1,9 @@
-#!/usr/bin/env python3
 """Debian 12 qemu VMs with their own kernels, for what the nspawn test hosts cannot do (kernel NFS).
 
-    python3 tests/vm/vmlab.py image                         build the cached disk image (no-op when current)
-    python3 tests/vm/vmlab.py up --hosts node1,node2,node3  boot VMs (node1: storage), wait for SSH, write an inventory
+    python3 -m tests.vm.vmlab image                         build the cached disk image (no-op when current)
+    python3 -m tests.vm.vmlab up --hosts node1,node2,node3  boot VMs (node1: storage), wait for SSH, write an inventory
         [--storage-is-worker] [--workspace-venv DIR]        node1 trains too; give it a workspace disk with DIR as venv/
-    python3 tests/vm/vmlab.py down                          stop the VMs, remove taps, namespace and overlays
+    python3 -m tests.vm.vmlab down                          stop the VMs, remove taps, namespace and overlays
 
 The image is a raw ext4 disk made from a debootstrap root; its kernel is booted directly (-kernel/-initrd).
 Each VM runs on its own qcow2 overlay of that image and gets its identity (host name, SSH host key, address,
@@ -33,9 +32,9 @@ import tarfile
 import time
 from pathlib import Path
 
+from tests.cluster import staging
+
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "cluster"))
-import staging  # noqa: E402  (tests/cluster is no package)
 
 RECIPE = HERE / "image"
 CACHE = staging.CACHE / "vm"
