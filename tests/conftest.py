@@ -1,11 +1,11 @@
-"""The order of the suite's tests, and how `make test` splits them over two pytest-xdist workers (`-n 2`): one
-test after another kept the machine's two cores about three-quarters busy (SSH round trips, systemd, boots).
+"""The order of the suite's tests, and how `make test` splits them over two pytest-xdist workers (`-n 2`): one test
+after another kept the machine's two cores about three-quarters busy (SSH round trips, systemd, boots).
 
-Tests that share a module or session fixture run in one worker, as one group: each module, except the unit
-tier (its partitions and finished local job are session fixtures), the VM tier (one VM lab) and the three
-modules on the training cluster (tests/e2e/conftest.py's train_cluster). The groups start in the order below.
-test_site.py comes first: its real pip install builds the venv seed that every later cluster and the VM lab
-start from (they wait for it: staging.seed_lock), while the other worker runs the unit and kit tiers.
+Tests that share a module or session fixture run in one worker, as one group: each module, except the unit tier (its
+partitions and finished local job are session fixtures), the VM tier (one VM lab) and the modules on the training
+cluster (TRAINING_CLUSTER: tests/e2e/conftest.py's train_cluster) and on the mesh cluster (MESH_CLUSTER). The groups
+start in the order below. test_site.py comes first: its real pip install builds the venv seed that every later
+cluster and the VM lab start from (they wait for it: staging.seed_lock), while the other worker runs the unit tier.
 """
 from __future__ import annotations
 
@@ -21,9 +21,17 @@ if TYPE_CHECKING:
     from xdist.scheduler.protocol import Scheduling
 
 TESTS = Path(__file__).parent
-TRAINING_CLUSTER = {"test_builtin_tasks.py", "test_collection.py", "test_own_programs.py", "test_train.py"}
-# Group -> its place; other groups (modules) follow, in collection order.
-ORDER = {"e2e/test_site.py": 0, "unit": 1, "kit": 2, "vm": 3, "training-cluster": 4}
+TRAINING_CLUSTER = {"test_builtin_tasks.py", "test_collection.py", "test_contacts.py", "test_own_programs.py",
+                    "test_train.py"}
+MESH_CLUSTER = {"test_tampering.py", "test_remove_node.py", "test_home_tampering.py"}
+# The modules of a shared cluster that must come later in their group (others first): they take hosts down or out.
+LATER = {"test_train.py": 1, "test_remove_node.py": 1, "test_home_tampering.py": 2}
+# Group (or tier) -> its place; groups of one place start in collection order. test_site.py and the unit tier,
+# then the longest groups first (training cluster, VM tier, test_jobs, test_mpi_partition: many minutes each), the
+# other e2e modules (a few minutes each), the kit's small modules last: a worker that finishes early takes the next
+# group, so short groups at the end let the two workers end close together.
+ORDER = {"e2e/test_site.py": 0, "unit": 1, "training-cluster": 2, "vm": 3, "e2e/test_jobs.py": 4, "mesh-cluster": 5,
+         "e2e/test_mpi_partition.py": 6, "e2e": 7, "kit": 8}
 
 
 def group(module: Path) -> str:
@@ -33,13 +41,14 @@ def group(module: Path) -> str:
         return tier
     if tier == "e2e" and module.name in TRAINING_CLUSTER:
         return "training-cluster"
+    if tier == "e2e" and module.name in MESH_CLUSTER:
+        return "mesh-cluster"
     return f"{tier}/{module.name}"
 
 
-def place(item: pytest.Item) -> tuple[int, bool]:
+def place(item: pytest.Item) -> tuple[int, int]:
     name = group(item.path)
-    # test_train.py ends the training cluster's group: its last tests take hosts down.
-    return ORDER.get(name, ORDER.get(name.partition("/")[0], len(ORDER))), item.path.name == "test_train.py"
+    return ORDER.get(name, ORDER.get(name.partition("/")[0], len(ORDER))), LATER.get(item.path.name, 0)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -22,8 +22,9 @@ KEEP = os.environ.get("DGLKIT_KEEP_CLUSTERS") == "1"
 E2E_TIMEOUT = 1200
 
 
-# test_builtin_tasks, test_collection, test_own_programs and test_train share the training cluster (train_cluster); the order of
-# the modules (test_site.py first, test_train.py last) is tests/conftest.py's.
+# test_builtin_tasks, test_collection, test_contacts, test_own_programs and test_train share the training cluster
+# (train_cluster), test_tampering, test_remove_node and test_home_tampering the mesh cluster (mesh_cluster); the
+# order of the modules (test_site.py first, test_train.py last) is tests/conftest.py's.
 NODE3_NAME = "node3.cluster.test"
 
 
@@ -58,24 +59,46 @@ def cluster_factory() -> Iterator[Callable[..., Cluster]]:
             cluster.down()
 
 
-@pytest.fixture(scope="session")
-def train_cluster() -> Iterator[Cluster]:
-    """One 3-host cluster (node1 storage, node2 and node3 workers) for the training modules, stood up once with
-    site.yml; node3's cluster address is a host name that resolves on the controller alone (site.yml resolves
-    it once, and every playbook uses that address). Each test leaves every host clean for the next."""
+def shared_cluster(name: str, prepare: Callable[[Cluster], None]) -> Iterator[Cluster]:
+    """A 3-host cluster (node1 storage, node2 and node3 workers) for the modules of one group (tests/conftest.py),
+    its inventory completed by prepare(cluster), stood up once with site.yml, down at the end of the session."""
     if os.geteuid() != 0:
         pytest.skip("test clusters need root")
-    cluster = named("train")
+    cluster = named(name)
     cluster.up(3, False, False)
     try:
-        cluster.name_address(NODE3_NAME, cluster.hosts()["node3"])
-        (cluster.inventory / "host_vars").mkdir(exist_ok=True)
-        (cluster.inventory / "host_vars/node3.yml").write_text(f"dglkit_cluster_address: {NODE3_NAME}\n")
+        prepare(cluster)
         cluster.stand_up()
         yield cluster
     finally:
         if not KEEP:
             cluster.down()
+
+
+def name_node3(cluster: Cluster) -> None:
+    cluster.name_address(NODE3_NAME, cluster.hosts()["node3"])
+    (cluster.inventory / "host_vars").mkdir(exist_ok=True)
+    (cluster.inventory / "host_vars/node3.yml").write_text(f"dglkit_cluster_address: {NODE3_NAME}\n")
+
+
+def mesh_on(cluster: Cluster) -> None:
+    (cluster.inventory / "group_vars/all/mesh.yml").write_text("dglkit_ssh_mesh: true\n")
+
+
+@pytest.fixture(scope="session")
+def train_cluster() -> Iterator[Cluster]:
+    """The training modules' cluster; node3's cluster address is a host name that resolves on the controller alone
+    (site.yml resolves it once, and every playbook uses that address). Each test leaves every host clean for the
+    next."""
+    yield from shared_cluster("train", name_node3)
+
+
+@pytest.fixture(scope="session")
+def mesh_cluster() -> Iterator[Cluster]:
+    """The cluster, SSH mesh on, of test_tampering, test_remove_node and test_home_tampering, in this order:
+    test_tampering reboots node3, test_remove_node takes it out and brings it back, test_home_tampering's last test
+    takes it out for good."""
+    yield from shared_cluster("mesh", mesh_on)
 
 
 @pytest.fixture(scope="session")

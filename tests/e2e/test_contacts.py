@@ -1,7 +1,8 @@
 """How many times a playbook with nothing to do reaches each host: module runs per host, counted by
-plugins/callback/contacts.py, for a no-op site.yml and a train.yml re-run of a finished job, on a cluster of its
-own (node1 storage, node2 and node3 workers). Each round trip costs a no-op run time on every host; a bound
-per host keeps new ones from creeping in unnoticed. Lower a bound when a change removes round trips.
+plugins/callback/contacts.py, for a no-op site.yml and a train.yml re-run of a finished job, on the training cluster
+(conftest.train_cluster: node1 storage, node2 and node3 workers; its earlier jobs leave it as site.yml made it).
+Each round trip costs a no-op run time on every host; a bound per host keeps new ones from creeping in unnoticed.
+Lower a bound when a change removes round trips.
 """
 from __future__ import annotations
 
@@ -26,9 +27,8 @@ JOB = ["-e", "dgl_job_synthetic_nodes=5000", "-e", "dgl_job_epochs=1", "-e", "dg
 
 
 @pytest.fixture(scope="module")
-def stood_up(cluster: Cluster) -> Cluster:
-    cluster.stand_up()
-    return cluster
+def stood_up(train_cluster: Cluster) -> Cluster:
+    return train_cluster
 
 
 def counted(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,

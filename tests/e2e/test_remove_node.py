@@ -7,12 +7,13 @@ node3 deleted from the inventory, site.yml changes nothing and a job trains on n
 comes back with site.yml. The workspace is the test cluster's own shared directory (`dglkit_shared_fs: existing`):
 the NFS export and mount parts are not exercised here (the kit tier checks the export list).
 
-The tests run in file order on one cluster.
+The tests run in file order on the mesh cluster (conftest.mesh_cluster), after test_tampering's; the last brings
+node3 back for test_home_tampering.
 """
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -38,11 +39,8 @@ KIT_STATE = ("cat /home/dglkit/.ssh/authorized_keys /etc/ssh/dglkit_known_hosts 
 
 
 @pytest.fixture(scope="module")
-def site(cluster_factory: Callable[..., Cluster]) -> Cluster:
-    cluster = cluster_factory("remove-node", 3)
-    (cluster.inventory / "group_vars/all/mesh.yml").write_text("dglkit_ssh_mesh: true\n")
-    cluster.stand_up()
-    return cluster
+def site(mesh_cluster: Cluster) -> Cluster:
+    return mesh_cluster
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,8 @@ sandbox: the unit's log, settings.json, job.json, FAILED files, report's outputs
 Then a worker reboots (its unit starts again), the job is stopped, run again with -e dgl_job_resume=true and its
 results fetched. Nothing root does follows a link the job planted: no root-owned file appears outside the job
 directory, no root-only content reaches the run folder or any playbook's output, and the playbooks name what the
-job replaced instead of crashing. On its own cluster (node1 storage, node2 and node3 workers).
+job replaced instead of crashing. On the mesh cluster (conftest.mesh_cluster: node1 storage, node2 and node3
+workers, the SSH mesh on), first.
 """
 from __future__ import annotations
 
@@ -37,10 +38,8 @@ PWNED = "find / -xdev -name 'pwned-*' -print"
 
 
 @pytest.fixture(scope="module")
-def site(cluster_factory: Callable[..., Cluster]) -> Cluster:
-    cluster = cluster_factory("tampering", 3)
-    cluster.stand_up()
-    return cluster
+def site(mesh_cluster: Cluster) -> Cluster:
+    return mesh_cluster
 
 
 @pytest.fixture(autouse=True)

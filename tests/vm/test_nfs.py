@@ -1,10 +1,13 @@
-"""The kit on real kernels with `dglkit_shared_fs: nfs`, the default: the whole site.yml, then a small job.
+"""The kit on real kernels with `dglkit_shared_fs: nfs`, the default: site.yml, then a small job.
 
-The storage VM (node1, also a worker) gets nfs_server, node2 nfs_client, and both the job account, firewall,
-venv checks and app from the staged apt repository, exactly as a user's `ansible-playbook -i <inventory> site.yml`
-runs them; the venv is already on node1's workspace disk (tests/vm/conftest.py), the rest is built here. Two VMs
-rather than three: each emulated CPU then has a core of its own. The tests run in order on one set of VMs; the job
-runs last, after the client's reboot.
+The storage VM (node1, also a worker) gets nfs_server, node2 nfs_client, and both the job account, firewall and
+app from the staged apt repository, as a user's `ansible-playbook -i <inventory> site.yml` runs them; the venv is
+already on node1's workspace disk (tests/vm/conftest.py). What `make test` runs of this tier checks what needs a
+real kernel (the export, the mount, root_squash, the reboot, the firewall in front of the NFS ports): its site.yml
+skips the SSH mesh and the Python environment (`--skip-tags`), whose torch import alone takes minutes under TCG.
+The `vm_long` tests (`make test-vm`) run the whole site.yml, twice, and a job. Two VMs rather than three: each
+emulated CPU then has a core of its own. The tests run in order on one set of VMs; the job runs last, after the
+client's reboot.
 """
 from __future__ import annotations
 
@@ -26,6 +29,8 @@ pytestmark = pytest.mark.vm
 REPO = Path(__file__).resolve().parents[2]
 # The shared-workspace stage alone, for the runs after the first.
 SHARED_FS = ("--tags", "shared_fs")
+# What the NFS tests need: every stage but the SSH mesh and the Python environment (the vm_long tests run the whole).
+NFS_STAGES = ("--skip-tags", "ssh_mesh,python_env")
 WORKSPACE = vmlab.WORKSPACE
 STORAGE, CLIENT = "node1", "node2"
 ACCOUNT, ACCOUNT_UID = "dglkit", 30050  # the job account and its default ids
@@ -72,8 +77,18 @@ def exported_to(lab: dict) -> set[str]:
 
 @pytest.fixture(scope="module")
 def first_run(inventory: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, int]:
-    """The whole site.yml, as a user runs it."""
-    return site(inventory, tmp_path_factory.mktemp("site") / "first-run.log")[0]
+    """site.yml on fresh VMs, without the stages the NFS tests do not need (NFS_STAGES)."""
+    recap, output = site(inventory, tmp_path_factory.mktemp("site") / "first-run.log", *NFS_STAGES)
+    assert "TASK [firewall :" in output and "TASK [dgl_app :" in output, "site.yml skipped more than NFS_STAGES"
+    return recap
+
+
+@pytest.fixture(scope="module")
+def whole_run(inventory: Path, first_run: dict, tmp_path_factory: pytest.TempPathFactory) -> dict[str, int]:
+    """The whole site.yml, as a user runs it (after first_run: the stages it skipped)."""
+    recap, output = site(inventory, tmp_path_factory.mktemp("site") / "whole-run.log")
+    assert "TASK [python_env :" in output and "TASK [ssh_mesh :" in output, output[-2000:]
+    return recap
 
 
 def test_first_run_sets_up_every_host(first_run: dict[str, int]) -> None:
@@ -172,7 +187,7 @@ def test_a_host_outside_the_cluster_reaches_no_nfs_port_and_is_refused_by_the_ex
 
 
 @pytest.mark.vm_long  # 6 minutes under TCG; e2e/test_site.py runs the same check on nspawn hosts in CI
-def test_second_run_changes_nothing(inventory: Path, first_run: dict, tmp_path: Path) -> None:
+def test_second_run_changes_nothing(inventory: Path, whole_run: dict, tmp_path: Path) -> None:
     recap, _ = site(inventory, tmp_path / "second-run.log")
     assert all(changed == 0 for changed in recap.values()), recap
 
@@ -199,7 +214,7 @@ def test_the_mount_comes_back_after_a_client_reboot(lab: dict, first_run: dict) 
 
 
 @pytest.mark.vm_long  # 20 minutes under TCG: every torch import takes a minute or more
-def test_a_job_trains_over_the_root_squashed_export(inventory: Path, first_run: dict, tmp_path: Path) -> None:
+def test_a_job_trains_over_the_root_squashed_export(inventory: Path, whole_run: dict, tmp_path: Path) -> None:
     """train.yml as a user runs it: prepare and partition on the storage VM, then a server and a trainer on each VM,
     the client's reading the venv, the app and the partitions over NFS, as the job account."""
     runs = tmp_path / "runs"
