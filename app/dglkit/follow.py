@@ -61,7 +61,9 @@ def start_ticks(pid: int) -> str | None:
 
 def start(work: Path, command: list[str]) -> None:
     write_json(work / "command.json", {"command": command})
-    supervisor = subprocess.Popen([sys.executable, "-m", "dglkit.follow", str(work)], start_new_session=True,
+    # In work/, not in the poll's directory: Ansible runs a module in a temporary directory that it removes when the
+    # poll returns, and a process started later from a removed directory fails (torch's MKL cannot load itself).
+    supervisor = subprocess.Popen([sys.executable, "-m", "dglkit.follow", str(work)], start_new_session=True, cwd=work,
                                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     write_json(work / "supervisor.json", {"pid": supervisor.pid, "ticks": start_ticks(supervisor.pid)})
 

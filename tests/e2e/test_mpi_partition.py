@@ -37,6 +37,10 @@ MPI = ["-e", "dgl_job_partition_builder=mpi"]
 SMALL = ["-e", "dgl_job_synthetic_nodes=20000", "-e", "dgl_job_synthetic_seed=7", "-e", "dgl_job_epochs=1",
          "-e", "dgl_job_poll_seconds=1"]
 
+# Large enough that the assignment runs for a while (status and stop come during it).
+MEDIUM = ["-e", "dgl_job_synthetic_nodes=400000", "-e", "dgl_job_synthetic_feat_dim=8", "-e", "dgl_job_synthetic_seed=11",
+          "-e", "dgl_job_epochs=1", "-e", "dgl_job_poll_seconds=1"]
+
 
 @pytest.fixture(scope="module")
 def site(cluster_factory: Callable[..., Cluster]) -> Cluster:
@@ -88,16 +92,44 @@ def chunk_manifests(cluster: Cluster, work: Path) -> dict[str, dict]:
             for p in (dataset / "chunks" / "manifests").glob("chunk-*.json")}
 
 
-def wait_for_build_ranks(cluster: Cluster, proc: subprocess.Popen, timeout: float = 600) -> Path:
-    """The partition's work directory once both ranks of this run's build report (the assignment is done)."""
+def wait_for_build_ranks(cluster: Cluster, proc: subprocess.Popen, timeout: float = 600,
+                         program: str = "mpibuild") -> Path:
+    """The partition's work directory once both ranks of this run's `program` report (mpibuild: the assignment is
+    done)."""
     started, deadline = time.time(), time.monotonic() + timeout
     while time.monotonic() < deadline and proc.poll() is None:
         for work in partitions(cluster).glob("*-mpi.tmp"):
             records = [json.loads(p.read_text()) for p in (work / "progress").glob("rank*.json") if p.stat().st_size]
-            if len(records) == 2 and all(r["program"] == "mpibuild" and r["time"] > started for r in records):
+            if len(records) == 2 and all(r["program"] == program and r["time"] > started for r in records):
                 return work
         time.sleep(0.2)
-    pytest.fail(f"no build ranks reported within {timeout:.0f} s: {(proc.communicate()[0] or '')[-3000:]}")
+    pytest.fail(f"no {program} ranks reported within {timeout:.0f} s: {(proc.communicate()[0] or '')[-3000:]}")
+
+
+def test_status_shows_a_running_partition_and_stop_stops_it_leaving_no_rank(site: Cluster, runs: Path) -> None:
+    """The partition's unit outlives an interrupted train.yml: status.yml shows each host's phase, stop.yml stops
+    it (every rank on every worker goes) and train.yml, still watching, says it was stopped."""
+    proc = start_train(site, runs, *MEDIUM, *MPI)
+    work = wait_for_build_ranks(site, proc, program="mpiassign")
+    status = site.playbook("playbooks/status.yml")
+    assert re.search(r"partition \(mpi\) running: assign \[node2 \w+ [^,\]]+, node3 \w+ ", flat(status.output)), \
+        status.output[-3000:]
+    assert status.changed_hosts() == []
+    stopped = site.playbook("playbooks/stop.yml")
+    assert stopped.changed_hosts() == ["node2"], stopped.output[-3000:]  # the first worker runs the unit
+    try:
+        output, _ = proc.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"train.yml did not end after stop.yml:\n{kill(proc)[-4000:]}")
+    assert proc.returncode != 0 and re.search(r"the mpi partition was stopped \(SIGTERM: playbooks/stop.yml, or "
+                                              r"systemctl stop of its unit\) in its assign step", flat(output)), \
+        output[-4000:]
+    for host in WORKERS:
+        ranks = site.ssh(host, "pgrep -u dglkit -a -f 'dglkit.mpi(assign|build)'", check=False).stdout
+        assert not ranks.strip(), f"{host}: {ranks}"
+    assert not (partitions(site) / work.name.removesuffix(".tmp")).exists()
+    # Nothing to stop any more: a second stop changes nothing.
+    assert site.playbook("playbooks/stop.yml").changed_hosts() == []
 
 
 def test_capped_hosts_partition_with_mpi_and_train_as_the_single_host_path(site: Cluster, runs: Path) -> None:

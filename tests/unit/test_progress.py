@@ -146,3 +146,20 @@ def test_a_command_that_is_no_json_list_is_refused_before_anything_starts(state:
                               "--command", "prepare --out x"], cwd=APP, capture_output=True, text=True, timeout=60)
     assert refused.returncode == 2 and "give the dglkit command as a JSON list of strings" in refused.stderr
     assert not state.exists()
+
+
+@pytest.mark.slow
+def test_a_command_outlives_the_directory_of_the_poll_that_started_it(tmp_path: Path, state: Path) -> None:
+    """Ansible runs each poll in a temporary directory that it removes when the poll returns: the lean builder's
+    METIS child, started later, then came from a removed directory (torch: "MKL FATAL ERROR: Cannot load")."""
+    data, parts, module_dir = tmp_path / "data", tmp_path / "parts", tmp_path / "ansible-tmp"
+    command = ["prepare", "--dataset", "synthetic", "--num-nodes", "20000", "--out", str(data), "--then",
+               "partition", "--dataset-dir", str(data), "--out", str(parts), "--num-parts", "2", "--builder", "lean"]
+    module_dir.mkdir()
+    first = subprocess.run([sys.executable, "-m", "dglkit", "follow", "--state-dir", str(state), "--wait", "0",
+                            "--command", json.dumps(command)], cwd=module_dir, capture_output=True, text=True,
+                           timeout=120, env={**os.environ, "PYTHONPATH": str(APP)})
+    assert json.loads(first.stdout.splitlines()[-1])["follow"] == "running", first.stderr
+    module_dir.rmdir()
+    _, answer = poll_until_done(state, command)
+    assert answer.returncode == 0 and json.loads(answer.stdout.splitlines()[-1])["num_parts"] == 2, answer.stderr[-2000:]
