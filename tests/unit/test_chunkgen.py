@@ -11,9 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import APP
 from dglkit import chunked
 from test_data import centroid_accuracy
+
+APP = Path(__file__).resolve().parents[2] / "app"
 
 SMALL = ["--num-nodes", "4000", "--avg-degree", "12", "--num-classes", "5", "--feat-dim", "32", "--seed", "7",
          "--train-frac", "0.5", "--val-frac", "0.2", "--test-frac", "0.3"]
