@@ -33,6 +33,7 @@ from dglkit import jobfiles, lock, mpijob, mpiunit
 from dglkit.common import UserError, emit_result, read_json, replace_file
 from dglkit.jobstate import earlier_run
 from dglkit.settings import SETTINGS
+from dglkit.systemd import exec_argv, parse_show, read_proc
 
 UNIT = "dglkit-job.service"
 UNIT_FILE = Path("/etc/systemd/system") / UNIT
@@ -86,11 +87,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     release.add_argument("--lock", required=True, help="the lock directory")
 
 
-def parse_show(text: str) -> dict[str, str]:
-    """`systemctl show -p ...` output (Key=Value lines) as a dict."""
-    return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
-
-
 def describe(props: dict[str, str], node: str = "") -> dict[str, Any]:
     """What the playbooks need of the unit: whether a job runs (also while it restarts or stops), its directory,
     a line for people."""
@@ -105,7 +101,7 @@ def describe(props: dict[str, str], node: str = "") -> dict[str, Any]:
 def launched_with(exec_start: str) -> dict[str, Any]:
     """The RECORDED flags of the unit's command (`systemctl show -p ExecStart`: "{ path=… ; argv[]=… ; … }"), in
     range; {} for a unit written before the unit recorded them."""
-    argv = exec_start.partition("argv[]=")[2].partition(" ; ")[0].split()
+    argv = exec_argv(exec_start)
     found = {RECORDED[flag]: int(value) if value.isdigit() else value
              for flag, value in zip(argv, argv[1:]) if flag in RECORDED}
     return jobfiles.typed(found, jobfiles.JOB)[0]
@@ -154,14 +150,6 @@ def as_account(user: str, action: Callable[[], Any]) -> Any:
     if "error" in answer:
         raise UserError(f"as {user}: {answer['error']}")
     return answer["value"]
-
-
-def read_proc(pid: str, name: str) -> list[str]:
-    """A NUL-separated /proc file as a list; [] for a process that is gone or a kernel thread."""
-    try:
-        return (Path("/proc") / pid / name).read_bytes().decode(errors="replace").split("\0")
-    except OSError:
-        return []
 
 
 def cgroup_unit(pid: str) -> str:

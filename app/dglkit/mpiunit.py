@@ -8,19 +8,18 @@ What the unit partitions (the partition directory and the hosts, one rank each) 
 import os
 import subprocess
 import time
-from pathlib import Path
 from typing import Any
 
 from dglkit.mpicomm import PROGRESS_ENV
-from dglkit.mpijob import RUNNING, UNIT
+from dglkit.mpijob import RUNNING, UNIT, host_list
+from dglkit.systemd import exec_argv, parse_show, read_proc
 
 
 def from_command(exec_start: str) -> dict[str, Any]:
-    """--out and --hosts of `dglkit mpi run` in the unit's ExecStart ("{ path=… ; argv[]=… ; … }")."""
-    argv = exec_start.partition("argv[]=")[2].partition(" ; ")[0].split()
+    """--out and --hosts of `dglkit mpi run` in the unit's ExecStart (root wrote them: `dglkit mpi run` parsed them)."""
+    argv = exec_argv(exec_start)
     values = dict(zip(argv, argv[1:]))
-    pairs = [item.partition("=") for item in values.get("--hosts", "").split(",") if item]
-    return {"out": values.get("--out", ""), "hosts": {name: address for name, _, address in pairs if name and address}}
+    return {"out": values.get("--out", ""), "hosts": host_list(values["--hosts"]) if "--hosts" in values else {}}
 
 
 def describe(props: dict[str, str], node: str = "") -> dict[str, Any]:
@@ -36,8 +35,7 @@ def describe(props: dict[str, str], node: str = "") -> dict[str, Any]:
 def show(node: str = "") -> dict[str, Any]:
     proc = subprocess.run(["systemctl", "show", UNIT, "-p", "ActiveState,ExecStart"], capture_output=True,
                           text=True, check=False)
-    props = dict(line.split("=", 1) for line in proc.stdout.splitlines() if "=" in line)
-    return describe(props, node)
+    return describe(parse_show(proc.stdout), node)
 
 
 def stop_unit() -> None:
@@ -56,13 +54,8 @@ def rank_processes(wait: float) -> list[str]:
     while True:
         found = []
         for pid in filter(str.isdigit, os.listdir("/proc")):
-            try:
-                environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-                command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            except OSError:
-                continue  # gone, or a kernel thread
-            if any(variable.startswith(f"{PROGRESS_ENV}=".encode()) for variable in environ):
-                found.append(f"{pid}: {command.strip()[:160]}")
+            if any(variable.startswith(f"{PROGRESS_ENV}=") for variable in read_proc(pid, "environ")):
+                found.append(f"{pid}: {' '.join(read_proc(pid, 'cmdline')).strip()[:160]}")
         if not found or time.monotonic() >= deadline:
             return sorted(found)
         time.sleep(0.2)
