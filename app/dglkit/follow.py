@@ -107,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
             raise UserError(f"`dglkit {' '.join(command[:1])}` ended without an exit code (its host restarted, or "
                             "its supervisor was killed): run the playbook again to start it over")
         if time.monotonic() >= deadline:
-            record = progress.read(work / "progress.json")
+            record = read_json(work / "progress.json")
             emit_result({"follow": "running", "line": progress.line(record, time.time()),
                          "nodes": {record["host"]: record} if record else {}, "changed": False})
             return 0

@@ -3,11 +3,10 @@ builder's ranks through dglkit.mpicomm).
 
 A command names its phases (PROGRESS.phase) and counts its steps within one (PROGRESS.step); the record
 {"command", "host", "pid", "started", "phase", "done", "total", "unit", "peak_rss_mb", "time"} replaces the file
-at each new phase and at most every PROGRESS_SECONDS within one. Without a file (DGLKIT_PROGRESS unset: a
-command run by hand) nothing is written. Standard library only: the reader runs where the app's packages may not.
+at each new phase and at most every PROGRESS_SECONDS within one (read back with dglkit.common.read_json).
+Without a file (DGLKIT_PROGRESS unset: a command run by hand) nothing is written.
 """
 
-import json
 import os
 import time
 from pathlib import Path
@@ -51,15 +50,6 @@ class Progress:
 
 
 PROGRESS = Progress()
-
-
-def read(path: Path) -> dict[str, Any] | None:
-    """A progress record, or None when there is none yet (or it is being replaced)."""
-    try:
-        record = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return record if isinstance(record, dict) else None
 
 
 def line(record: dict[str, Any] | None, now: float) -> str:

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from dglkit import progress
+from dglkit.common import read_json
 
 APP = Path(__file__).resolve().parents[2] / "app"
 
@@ -23,12 +24,12 @@ def test_the_writer_replaces_the_file_at_each_phase_and_the_reader_makes_a_line(
     monkeypatch.setenv(progress.PROGRESS_ENV, str(path))
     writer = progress.Progress()
     writer.begin("partition")
-    assert progress.read(path)["phase"] == "start"
+    assert read_json(path)["phase"] == "start"
     writer.phase("build the parts", total=4, unit="parts")
     writer.step(1)  # within PROGRESS_SECONDS of the phase's record: not written
-    assert progress.read(path)["done"] == 0
+    assert read_json(path)["done"] == 0
     writer.step(4)  # the last step always is
-    record = progress.read(path)
+    record = read_json(path)
     assert {k: record[k] for k in ("command", "phase", "done", "total", "unit", "pid", "host")} == {
         "command": "partition", "phase": "build the parts", "done": 4, "total": 4, "unit": "parts",
         "pid": os.getpid(), "host": os.uname().nodename}
@@ -47,9 +48,9 @@ def test_without_the_variable_nothing_is_written(tmp_path: Path, monkeypatch: py
 
 
 def test_a_missing_or_half_written_file_reads_as_none(tmp_path: Path) -> None:
-    assert progress.read(tmp_path / "none.json") is None
+    assert read_json(tmp_path / "none.json") is None
     (tmp_path / "half.json").write_text('{"phase": "sa')
-    assert progress.read(tmp_path / "half.json") is None
+    assert read_json(tmp_path / "half.json") is None
 
 
 @pytest.fixture
@@ -111,7 +112,7 @@ def running(state: Path, command: list[str]) -> tuple[Path, dict]:
     for _ in range(600):
         assert json.loads(follow(state, command, 0.3).stdout.splitlines()[-1])["follow"] == "running"
         work = next(state.iterdir())
-        record = progress.read(work / "progress.json")
+        record = read_json(work / "progress.json")
         if record:
             return work, record
     pytest.fail(f"{command} wrote no progress")
