@@ -191,9 +191,10 @@ class Cluster:
     def down(self) -> None:
         testcluster("down", "--name", self.name)
 
-    def shutdown(self, host: str) -> None:
-        """Take a host down as a power-off after an orderly shutdown would: it keeps its disk, address and host keys."""
-        testcluster("shutdown", "--name", self.name, "--host", host)
+    def shutdown(self, host: str, cut: bool = False) -> None:
+        """Take a host down as a power-off after an orderly shutdown would, or (cut) as a power cut: every
+        process stops where it is. It keeps its disk, address and host keys."""
+        testcluster("shutdown", "--name", self.name, "--host", host, *(["--cut"] if cut else []))
 
     def boot(self, host: str) -> None:
         """Boot a host that was shut down; returns once its sshd answers."""

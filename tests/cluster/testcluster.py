@@ -5,6 +5,7 @@
                                             [--node-dir /opt/dglkit]
     python3 tests/cluster/testcluster.py down --name NAME [--host node3] | down --all
     python3 tests/cluster/testcluster.py shutdown|boot --name NAME --host node3
+    python3 tests/cluster/testcluster.py shutdown --cut --name NAME --host node3   # a power cut
     python3 tests/cluster/testcluster.py cap --name NAME --host node2 --memory-mb 900   # 0: no limit
     python3 tests/cluster/testcluster.py status
 
@@ -404,9 +405,24 @@ def stop_hosts(name: str, hosts: list[str], grace: float = 10.0, keep_disk: bool
             shutil.rmtree(cluster_dir(name) / "hosts" / host, ignore_errors=True)
 
 
-def power(name: str, host: str, on: bool, timeout: float) -> None:
+def freeze(name: str, host: str) -> None:
+    """Stop every process of a host where it is (its cgroup v2 freezer), as the first instant of a power cut:
+    nothing it runs takes another step, answers or closes a connection until it is killed."""
+    group = CGROUP_ROOTS[-1] / f"dglkit-{name}-{host}"
+    if not (group / "cgroup.freeze").is_file():
+        fail(f"cluster {name} has no running host {host}; see: status")
+    (group / "cgroup.freeze").write_text("1")
+    deadline = time.monotonic() + 10
+    while "frozen 1" not in (group / "cgroup.events").read_text():
+        if time.monotonic() > deadline:
+            fail(f"{host} of cluster {name} did not freeze within 10 s")
+        time.sleep(0.01)
+
+
+def power(name: str, host: str, on: bool, timeout: float, cut: bool = False) -> None:
     """Shut a host down keeping its disk, or boot it again: same address, host keys and root filesystem; what
-    its systemd enables starts as after a reboot, and its /dev/shm is empty."""
+    its systemd enables starts as after a reboot, and its /dev/shm is empty. A cut (the host frozen first, see
+    main) kills its processes where they are instead of an orderly shutdown."""
     start = time.monotonic()
     state = load_state(name)
     if not state or host not in state["hosts"]:
@@ -419,7 +435,7 @@ def power(name: str, host: str, on: bool, timeout: float) -> None:
         wait_ssh(state, [host], timeout)
     elif not on and running:
         # As long as systemd gives a unit to stop (TimeoutStopSec) before it kills what is left.
-        stop_hosts(name, [host], grace=45, keep_disk=True)
+        stop_hosts(name, [host], grace=0 if cut else 45, keep_disk=True)
     state["down"] = sorted(set(state.get("down", [])) - {host} | (set() if on else {host}))
     save_state(state)
     log(f"{name}: {host} {'up' if on else 'down'} in {time.monotonic() - start:.1f} s")
@@ -497,6 +513,9 @@ def main() -> None:
         p_power.add_argument("--name", required=True)
         p_power.add_argument("--host", required=True, help="e.g. node3")
         p_power.add_argument("--timeout", type=float, default=120, help="seconds to wait for sshd (boot)")
+        if command == "shutdown":
+            p_power.add_argument("--cut", action="store_true",
+                                 help="a power cut: every process stops at once, no orderly shutdown")
     p_cap = sub.add_parser("cap", help="limit a running host's memory (a memory cgroup limit)")
     p_cap.add_argument("--name", required=True)
     p_cap.add_argument("--host", required=True, help="e.g. node2")
@@ -507,6 +526,9 @@ def main() -> None:
     if os.geteuid() != 0:
         fail("testcluster needs root (namespaces, mounts, cgroups)")
     STATE.mkdir(parents=True, exist_ok=True)
+    if args.command == "shutdown" and args.cut:
+        # At once, not after whatever change of another cluster holds the lock: the cut's moment matters.
+        freeze(args.name, args.host)
     lock = open(STATE / ".lock", "w")
     if args.command != "status":
         # One change at a time: concurrent runs would pick the same subnet or build the same cache.
@@ -526,7 +548,7 @@ def main() -> None:
         for name in list_clusters() if args.all else [args.name]:
             down(name, args.host)
     elif args.command in ("shutdown", "boot"):
-        power(args.name, args.host, args.command == "boot", args.timeout)
+        power(args.name, args.host, args.command == "boot", args.timeout, getattr(args, "cut", False))
     elif args.command == "cap":
         cap(args.name, args.host, args.memory_mb)
     else:
