@@ -15,7 +15,8 @@ Rank r owns node IDs starts[r] .. starts[r+1] - 1 and edges E * r // K .. E * (r
 3. part P keeps as halo nodes the other parts' sources of its in-edges and, as partition_graph does for one
    hop, the candidates into them, and writes graph.dgl; each rank writes its part's range of orig_nids.npy
    and orig_eids.npy in place (write calls at its offset, not memory maps: NFS writes those whole pages).
-Rank 0 writes <graph>.json and manifest.json last and renames `.<out>.partial` to DIR.
+With --graphbolt each rank then writes its part's GraphBolt graph (dglkit.boltpart). Rank 0 writes
+<graph>.json and manifest.json last and renames `.<out>.partial` to DIR.
 """
 
 import argparse
@@ -29,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from dglkit import leanpart
+from dglkit import boltpart, leanpart
 from dglkit.common import UserError, emit_result, peak_rss_mb, read_json, write_json
 from dglkit.mpicomm import (
     BATCH_EDGES,
@@ -59,6 +60,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--graph-name", default="graph", help="DistGraph name; the config is <name>.json")
     parser.add_argument("--batch-edges", type=int, default=BATCH_EDGES,
                         help="edges (and at most as many node data rows) per exchange round")
+    parser.add_argument("--graphbolt", action="store_true",
+                        help="also write each part's GraphBolt graph (for use_graphbolt=True), on its own rank")
     return parser.parse_args(argv)
 
 
@@ -106,6 +109,9 @@ def program(comm: Any, argv: list[str]) -> int:
     counts = {"part": rank, "nodes": int(node_starts[rank + 1] - node_starts[rank]), "edges": len(inner),
               "train_nodes": train_nodes, "halo_nodes": halo}
     del inner, candidates
+    if args.graphbolt:
+        PROGRESS.phase("convert to GraphBolt")
+        boltpart.convert(part_dir)
     parts = comm.gather({**counts, "host": os.uname().nodename, "peak_rss_mb": round(peak_rss_mb())})
     cut = comm.allreduce(cut)
     if rank == 0:
@@ -293,9 +299,11 @@ def finish(args: argparse.Namespace, tmp: Path, data: Input, assignment: dict[st
            edge_starts: np.ndarray, parts: list[dict[str, Any]], cut: int, seconds: float) -> None:
     """Rank 0, once every part is written: the config, the manifest (last), then the directory's own name."""
     leanpart.write_config(tmp, args.graph_name, "ptscotch", node_starts, edge_starts)
+    if args.graphbolt:
+        boltpart.add_to_config(tmp / f"{args.graph_name}.json")
     manifest = {"complete": True, "dataset_dir": str(args.dataset_dir.resolve()), "dataset_fingerprint": data.fingerprint,
-                "part_config": f"{args.graph_name}.json", "num_parts": len(parts), "num_nodes": data.num_nodes,
-                "num_edges": data.num_edges, "parts": parts,
+                "graphbolt": args.graphbolt, "part_config": f"{args.graph_name}.json", "num_parts": len(parts),
+                "num_nodes": data.num_nodes, "num_edges": data.num_edges, "parts": parts,
                 "edge_cut": {"count": cut, "fraction": round(cut / max(data.num_edges, 1), 6)},
                 "assignment": {key: assignment[key] for key in ("vertex_weight", "strategy", "imbalance", "edge_cut")},
                 "build_s": round(seconds, 3), "peak_rss_mb": max(part["peak_rss_mb"] for part in parts)}

@@ -43,12 +43,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     check.add_argument("--out", required=True, type=Path, help="the partition directory")
     check.add_argument("--num-parts", required=True, type=int, help="the workers, one rank and one part each")
     check.add_argument("--memory-gb", type=float, help="memory this host may use, in GB (default: what it has)")
+    check.add_argument("--graphbolt", action="store_true", help="P is done only with its GraphBolt graphs")
     run = actions.add_parser("run", help="mpirun of the assignment and the build (in the partition unit)")
     run.add_argument("--dataset-dir", required=True, type=Path, help="a dataset prepared with --arrays, or chunked")
     run.add_argument("--out", required=True, type=Path, help="the partition directory")
     run.add_argument("--graph-name", required=True, help="DistGraph name; the config is <name>.json")
     run.add_argument("--hosts", required=True, type=host_list, help="NAME=ADDRESS,... one rank each, in order")
     run.add_argument("--batch-edges", type=int, help="edges per exchange round (default: the programs')")
+    run.add_argument("--graphbolt", action="store_true", help="each rank also writes its part's GraphBolt graph")
     watch = actions.add_parser("watch", help="the run's state and each rank's progress, one JSON line")
     watch.add_argument("--out", required=True, type=Path, help="the partition directory")
     watch.add_argument("--hosts", required=True, type=host_list, help="NAME=ADDRESS,... as given to run")
@@ -70,10 +72,11 @@ def work_dir(out: Path) -> Path:
     return out.with_name(out.name + ".tmp")
 
 
-def complete(out: Path, fingerprint: str | None, num_parts: int) -> bool:
+def complete(out: Path, fingerprint: str | None, num_parts: int, graphbolt: bool = False) -> bool:
     manifest = read_json(out / "manifest.json") or {}
     return bool(manifest.get("complete")) and manifest.get("num_parts") == num_parts and (
-        fingerprint is None or manifest.get("dataset_fingerprint") == fingerprint)
+        fingerprint is None or manifest.get("dataset_fingerprint") == fingerprint) and (
+        manifest.get("graphbolt", False) or not graphbolt)
 
 
 def unit_state() -> str:
@@ -110,7 +113,7 @@ def check(args: argparse.Namespace) -> int:
                    "on this host")
         raise UserError(f"{os.uname().nodename}: the mpi partition's rank needs about {need / GB:.1f} GB with "
                         f"{args.num_parts} workers; this host has {have / GB:.1f} GB available ({source}); {way_out}")
-    emit_result({"changed": False, "done": complete(args.out, dataset.get("fingerprint"), args.num_parts),
+    emit_result({"changed": False, "done": complete(args.out, dataset.get("fingerprint"), args.num_parts, args.graphbolt),
                  "unit": unit_state(), "estimated_memory_gb": round(need / GB, 2),
                  "available_memory_gb": round(have / GB, 2)})
     return 0
@@ -131,6 +134,8 @@ def run_job(args: argparse.Namespace) -> int:
     if args.batch_edges:
         for _, command in steps:
             command += ["--batch-edges", args.batch_edges]
+    if args.graphbolt:
+        steps[-1][1].append("--graphbolt")
     started = time.time()
     signal.signal(signal.SIGTERM, stopped)
     for step, command in steps:

@@ -75,8 +75,11 @@ def test_a_worker_host_cut_off_mid_partition_fails_the_step_naming_it(site: Clus
     assert not (partitions(site) / partition).exists() and not (work / "partition" / "manifest.json").exists()
     chunks = chunk_manifests(site, work)
     # The next run removes what the failed one left and completes; the graph's chunks are not written again.
-    run = train(site, runs, *SMALL, *MPI)
-    assert json.loads((partitions(site) / partition / "manifest.json").read_text())["complete"], run.output[-3000:]
+    # It samples with GraphBolt: each rank writes its part's GraphBolt graph too, and the trainers load those.
+    run = train(site, runs, *SMALL, *MPI, "-e", "dgl_job_graphbolt=true")
+    manifest = json.loads((partitions(site) / partition / "manifest.json").read_text())
+    assert manifest["complete"] and manifest["graphbolt"], run.output[-3000:]
+    assert "graphbolt       yes" in (run_folder(run.output) / "summary.txt").read_text()
     assert chunk_manifests(site, work) == chunks and len(chunks) == 2
     generated = run.output.split("Write each worker's chunk of the synthetic graph on that worker")[1].split("TASK")[0]
     assert "ok: [node2]" in generated and "ok: [node3]" in generated and "changed" not in generated, generated

@@ -44,6 +44,8 @@ def test_a_run_leaves_the_complete_partition_alone(synthetic_dataset: Path, tmp_
     assert sorted(p.name for p in tmp_path.iterdir()) == ["part"]  # part.tmp/ (logs, progress) is gone
     assert json.loads(dglkit("mpi", "check", *args).stdout.splitlines()[-1])["done"] is True
     assert watched(out)["state"] == "succeeded"
+    # A job that samples with GraphBolt needs the parts' GraphBolt graphs: this partition, without them, is not done.
+    assert json.loads(dglkit("mpi", "check", *args, "--graphbolt").stdout.splitlines()[-1])["done"] is False
 
 
 def test_a_killed_rank_fails_the_run_naming_its_host_and_leaves_no_partition(synthetic_dataset: Path,

@@ -202,6 +202,32 @@ def test_parts_built_by_the_ranks_are_the_lean_builders_and_load_in_dgl(request,
         assert set(node_feats) == {f"_N/{name}" for name in graph.ndata}
 
 
+def test_each_rank_writes_its_parts_graphbolt_graph_as_dgls_conversion_does(synthetic_dataset, tmp_path):
+    """--graphbolt: every rank converts its own part; the files and the config equal what DGL's
+    dgl_partition_to_graphbolt (all parts in one process) makes of the same partition, and DGL loads them."""
+    import torch
+
+    assignment_dir, bolt, converted = tmp_path / "assignment", tmp_path / "bolt", tmp_path / "converted"
+    mpirun(2, "mpiassign", "--dataset-dir", synthetic_dataset, "--out", assignment_dir, "--num-parts", 2)
+    mpirun(2, "mpibuild", "--dataset-dir", synthetic_dataset, "--assignment", assignment_dir, "--out", converted)
+    mpirun(2, "mpibuild", "--dataset-dir", synthetic_dataset, "--assignment", assignment_dir, "--out", bolt,
+           "--graphbolt")
+    dgl.distributed.dgl_partition_to_graphbolt(str(converted / "graph.json"))
+    assert json.loads((bolt / "graph.json").read_text()) == json.loads((converted / "graph.json").read_text())
+    assert json.loads((bolt / "manifest.json").read_text())["graphbolt"]
+    for part in range(2):
+        ours, dgls = (torch.load(root / f"part{part}" / "fused_csc_sampling_graph.pt") for root in (bolt, converted))
+        for field in ("csc_indptr", "indices"):
+            assert getattr(ours, field).dtype == getattr(dgls, field).dtype
+            assert torch.equal(getattr(ours, field), getattr(dgls, field)), field
+        assert ours.node_attributes.keys() == dgls.node_attributes.keys() and ours.edge_attributes == dgls.edge_attributes
+        assert all(torch.equal(ours.node_attributes[key], dgls.node_attributes[key]) for key in ours.node_attributes)
+        assert ours.type_per_edge is None and dgls.type_per_edge is None
+        graph, *_ = dgl.distributed.load_partition(str(bolt / "graph.json"), part, load_feats=False,
+                                                    use_graphbolt=True)
+        assert graph.total_num_nodes == len(ours.node_attributes[dgl.NID])
+
+
 def test_build_refuses_an_assignment_for_another_number_of_ranks(synthetic_dataset, tmp_path):
     assignment_dir = tmp_path / "assignment"
     mpirun(2, "mpiassign", "--dataset-dir", synthetic_dataset, "--out", assignment_dir, "--num-parts", 4)
