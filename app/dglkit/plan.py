@@ -99,6 +99,13 @@ def check(s: dict[str, Any], given: dict[str, Any]) -> list[str]:
         (task == "link_prediction" and s["graphbolt"] and not s["program"],
          "dgl_job_task=link_prediction with dgl_job_graphbolt=true: DGL 2.1's GraphBolt samples nodes only, not the "
          "edges link prediction trains on (find_edges is not supported in GraphBolt); set dgl_job_graphbolt=false"),
+        # Held-out edges are drawn from the whole edge list, which no host reads of a chunked graph (prepare refuses).
+        (task == "link_prediction" and (dataset == "chunked" or (dataset == "synthetic"
+                                                                 and s["partition_builder"] == "mpi")),
+         "dgl_job_task=link_prediction holds validation and test edges out of the whole graph, which the kit never "
+         "reads on one host in DGL's chunked format (dgl_job_dataset=chunked, or synthetic with "
+         "dgl_job_partition_builder=mpi): use dgl_job_task=node_classification, or a files or synthetic dataset with "
+         "another builder"),
         (task == "link_prediction" and s["link_val_frac"] + s["link_test_frac"] >= 1,
          "dgl_job_link_val_frac and dgl_job_link_test_frac must have a sum < 1"),
         (dataset == "files" and not s["files_path"],

@@ -82,6 +82,11 @@ def test_values_given_as_strings_are_the_same_job() -> None:
     ({"weight_decay": -0.1}, "dgl_job_weight_decay=-0.1: use a value >= 0"),
     ({"sparse_lr": 0}, "dgl_job_sparse_lr=0: use a value > 0"),
     ({"eval_negs": 0}, "dgl_job_eval_negs=0: use a value >= 1"),
+    ({"task": "link_prediction", "dataset": "chunked", "chunked_path": "/srv/dglkit/graphs/g"},
+     "dgl_job_task=link_prediction holds validation and test edges out of the whole graph, which the kit never reads "
+     "on one host in DGL's chunked format"),
+    ({"task": "link_prediction", "partition_builder": "mpi", "mpi": True, "ssh_mesh": True},
+     "(dgl_job_dataset=chunked, or synthetic with dgl_job_partition_builder=mpi): use dgl_job_task=node_classification"),
     ({"task": "link_prediction", "link_val_frac": 0.5, "link_test_frac": 0.5},
      "dgl_job_link_val_frac and dgl_job_link_test_frac must have a sum < 1"),
     ({"task": "link_prediction", "link_test_frac": 0}, "dgl_job_link_test_frac=0: use a value > 0 and < 1"),
