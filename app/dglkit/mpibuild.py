@@ -50,7 +50,8 @@ from dglkit.mpicomm import (
 from dglkit.partition import read_rows
 
 
-def parse(argv: list[str]) -> argparse.Namespace:
+def argument_parser() -> argparse.ArgumentParser:
+    """The program's options (docs/cli.md is made from them too)."""
     parser = argparse.ArgumentParser(prog="mpirun -np NUM_PARTS python -m dglkit.mpibuild")
     parser.add_argument("--dataset-dir", required=True, type=Path,
                         help="a dataset prepared with --arrays, or a homogeneous graph in DGL's chunked format")
@@ -59,7 +60,11 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--graph-name", default="graph", help="DistGraph name; the config is <name>.json")
     parser.add_argument("--batch-edges", type=int, default=BATCH_EDGES,
                         help="edges (and at most as many node data rows) per exchange round")
-    return parser.parse_args(argv)
+    return parser
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    return argument_parser().parse_args(argv)
 
 
 def check_assignment(args: argparse.Namespace, data: Input, num_parts: int) -> dict[str, Any]:
