@@ -47,8 +47,9 @@ def main() -> None:
     if args.quick:
         args.nodes, args.epochs, args.seeds, args.workers = 5000, 3, "0", "2"
     seeds = [int(s) for s in args.seeds.split(",")]
-    # The graph clusterlib.partition() prepares on the cluster (generator defaults: 10 classes, seed 0).
-    graph = ["--dataset", "synthetic", "--num-nodes", str(args.nodes), "--avg-degree", str(args.degree)]
+    # The graph clusterlib.partition() prepares on the cluster (100 features; generator defaults: 10 classes, seed 0).
+    graph = ["--dataset", "synthetic", "--num-nodes", str(args.nodes), "--avg-degree", str(args.degree),
+             "--feat-dim", "100"]
     params = {"graph_nodes": args.nodes, "degree": args.degree, "epochs": args.epochs, "train_args": args.train_args}
 
     rows = []

@@ -55,8 +55,8 @@ def partition(cluster: Cluster, nodes: int, degree: float) -> str:
     data, out = f"{WS}/datasets/bench-{nodes}-{degree}", f"{WS}/partitions/bench-{nodes}-{degree}-{num_parts}"
     first = next(iter(cluster.workers()))
     cluster.ssh(first, f"{VENV_PYTHON} -m dglkit prepare --dataset synthetic --out {data} --num-nodes {nodes} "
-                       f"--avg-degree {degree} && {VENV_PYTHON} -m dglkit partition --dataset-dir {data} --out {out} "
-                       f"--num-parts {num_parts} --graph-name bench --graphbolt", timeout=600)
+                       f"--avg-degree {degree} --feat-dim 100 && {VENV_PYTHON} -m dglkit partition --dataset-dir {data} "
+                       f"--out {out} --num-parts {num_parts} --graph-name bench --graphbolt", timeout=600)
     return f"{out}/bench.json"
 
 

@@ -114,8 +114,8 @@ def partition(cluster: clusterlib.Cluster, nodes: int, degree: float) -> str:
     python = clusterlib.VENV_PYTHON
     cluster.ssh(next(iter(cluster.workers())),
                 f"{python} -m dglkit prepare --dataset synthetic --out {data} --num-nodes {nodes} --avg-degree {degree} "
-                f"--val-edges-frac 0.05 --test-edges-frac 0.05 && {python} -m dglkit partition --dataset-dir {data} "
-                f"--out {out} --num-parts {num_parts} --graph-name links")
+                f"--feat-dim 100 --val-edges-frac 0.05 --test-edges-frac 0.05 && {python} -m dglkit partition "
+                f"--dataset-dir {data} --out {out} --num-parts {num_parts} --graph-name links")
     return f"{out}/links.json"
 
 

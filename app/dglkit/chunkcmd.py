@@ -36,7 +36,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     generate.add_argument("--num-chunks", type=int, required=True, help="chunks per node and edge type")
     generate.add_argument("--chunks", type=chunk_list, help="comma-separated chunk indices to write (default: all, "
                           "then metadata.json)")
-    generate.add_argument("--seed", type=int, default=0, help="seed of the generator (%(default)s)")
+    generate.add_argument("--seed", type=int, default=data.setting_default("seed"),
+                          help="seed of the generator (%(default)s)")
     data.add_synthetic_arguments(generate)
     finish = actions.add_parser("finish", help="write metadata.json once every chunk is written")
     finish.add_argument("--out", required=True, type=Path, help="the chunked graph's directory")

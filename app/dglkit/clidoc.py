@@ -1,23 +1,43 @@
-"""docs/cli.md, the node CLI's option reference, made from the commands' own argparse parsers.
+"""docs/cli.md, the node CLI's option reference, made from the commands' own argparse parsers and those of the
+programs run as `python -m dglkit.<module>` (PROGRAMS).
 
 `python -m dglkit clidoc --write` (`make docs`) rewrites it; a kit test fails when it is stale. docs/design.md keeps
 what the options cannot say: what each command is for and what it prints.
 """
 
 import argparse
+import importlib
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 DOCS_FILE = "docs/cli.md"
-GENERATED = "generated from the commands' parsers (app/dglkit) by `make docs`: change them there"
+GENERATED = "generated from the commands' and programs' parsers (app/dglkit) by `make docs`: change them there"
 DESIGN_LINK = "design.md#the-node-cli-python--m-dglkit-command-console-script-dglkit"
 INTRO = f"""# The node CLI's options
 
 Every command is `python -m dglkit <command>` (console script `dglkit`) on a node; `dglkit A ARGS --then B ARGS`
-runs several in one process. What each command is for, its files and its JSON result:
+runs several in one process. After the commands, the programs that run as `python -m dglkit.<module>`: under
+mpirun, on the controller, or as a command's child process. What each is for, its files and its JSON result:
 [docs/design.md, The node CLI]({DESIGN_LINK}).
 """
+# The programs run as `python -m dglkit.<module>`, each module's argument_parser() (its prog is the page's title), and
+# what runs it. A module run that way with options belongs here: kit/test_docs.py looks for them in roles and app.
+PROGRAMS = {
+    "dglkit.mpiassign": "the partition assignment by PT-Scotch, every worker at once, each rank holding its share of "
+                        "the edges (`dglkit mpi run` runs it under mpirun)",
+    "dglkit.mpibuild": "the partition's parts from an assignment, rank p writing part p (`dglkit mpi run` runs it "
+                       "under mpirun after dglkit.mpiassign)",
+    "dglkit.leanpart": "METIS in a process of its own, so that its memory is gone before the parts are built: the "
+                       "assignment step of `dglkit partition --builder lean`, which runs it",
+    "dglkit.tboard": "the job's TensorBoard curves in its run folder, on the controller (roles/dgl_job runs it with "
+                     "Ansible's Python)",
+}
+# The modules that run as programs and are not on the page, and why.
+UNLISTED = {
+    "dglkit.follow": "the supervisor that `dglkit follow` starts, given its directory alone",
+    "dglkit.lock": "cluster_lock's script (`python3 -c`, before any venv exists): take LOCK OWNER, release LOCK",
+}
 
 
 def subcommands(parser: argparse.ArgumentParser) -> Iterator[tuple[str, argparse.ArgumentParser, str]]:
@@ -63,8 +83,15 @@ def cell(text: str) -> str:
     return " ".join(text.split()).replace("|", "\\|")
 
 
+def one_of(parser: argparse.ArgumentParser) -> dict[argparse.Action, str]:
+    """The default cell of each option of a required mutually exclusive group: the options to choose from."""
+    return {action: "one of " + ", ".join(f"`{choice.option_strings[0]}`" for choice in group._group_actions)
+            for group in parser._mutually_exclusive_groups if group.required for action in group._group_actions}
+
+
 def render_parser(title: str, parser: argparse.ArgumentParser, summary: str) -> list[str]:
     lines = [f"## `{title}`", "", summary or cell(parser.description or ""), ""]
+    chosen = one_of(parser)
     for group in parser._action_groups:
         actions = [a for a in group._group_actions if a.help != argparse.SUPPRESS
                    and not isinstance(a, (argparse._HelpAction, argparse._SubParsersAction))]
@@ -74,7 +101,8 @@ def render_parser(title: str, parser: argparse.ArgumentParser, summary: str) -> 
             title = cell(group.title or "").replace("*", "\\*")  # a title such as ogbn-* in italics
             lines += [f"*{title}*" + (f": {cell(group.description)}" if group.description else ""), ""]
         lines += ["| option | default | |", "|---|---|---|"]
-        lines += [f"| `{invocation(a)}` | {default_cell(a)} | {cell(described(a, parser.prog))} |" for a in actions]
+        lines += [f"| `{invocation(a)}` | {chosen.get(a) or default_cell(a)} | {cell(described(a, parser.prog))} |"
+                  for a in actions]
         lines.append("")
     for name, sub, help_text in subcommands(parser):
         lines += render_parser(f"{title} {name}", sub, help_text)
@@ -87,6 +115,9 @@ def render() -> str:
     lines = [INTRO, f"<!-- {GENERATED} -->", ""]
     for name, sub, help_text in subcommands(command_parser(COMMANDS)):
         lines += render_parser(f"dglkit {name}", sub, help_text)
+    for module_name, summary in PROGRAMS.items():
+        parser = importlib.import_module(module_name).argument_parser()
+        lines += render_parser(parser.prog, parser, summary)
     return "\n".join(lines).rstrip("\n") + "\n"
 
 

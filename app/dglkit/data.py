@@ -34,6 +34,15 @@ ARRAYS = "arrays"
 # Class centres are scaled so that features alone separate classes only weakly: a model has to
 # aggregate neighbours (the graph is homophilous) to do well.
 FEATURE_SIGNAL = 1.5
+# The synthetic graph's options (their dest) and the job settings whose defaults they take, so that `prepare` and
+# `chunked generate` run by hand make the graph train.yml makes with the default settings.
+SYNTHETIC_SETTINGS = {"num_nodes": "synthetic_nodes", "avg_degree": "synthetic_degree",
+                      "num_classes": "synthetic_classes", "feat_dim": "synthetic_feat_dim", "seed": "synthetic_seed"}
+
+
+def setting_default(dest: str) -> Any:
+    """The default of a synthetic graph's option: its job setting's."""
+    return SETTINGS[SYNTHETIC_SETTINGS[dest]].default
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -42,7 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "at --path: only dataset.json is written), or an OGB node-property dataset such as "
                              "ogbn-products or ogbn-mag")
     parser.add_argument("--out", required=True, type=Path, help="output directory (graph.dgl, dataset.json)")
-    parser.add_argument("--seed", type=int, default=SETTINGS["synthetic_seed"].default,
+    parser.add_argument("--seed", type=int, default=setting_default("seed"),
                         help="seed of the generator and of fraction splits (%(default)s)")
     add_synthetic_arguments(parser)
     ogb = parser.add_argument_group("ogbn-*")
@@ -75,13 +84,15 @@ def add_synthetic_arguments(parser: argparse.ArgumentParser) -> None:
     split.add_argument("--val-frac", type=float, default=0.05, help="fraction validated every epoch (%(default)s)")
     split.add_argument("--test-frac", type=float, default=0.1, help="fraction tested at the end (%(default)s)")
     syn = parser.add_argument_group("synthetic: degree-corrected stochastic block model")
-    syn.add_argument("--num-nodes", type=int, default=SETTINGS["synthetic_nodes"].default,
+    syn.add_argument("--num-nodes", type=int, default=setting_default("num_nodes"),
                      help="number of nodes (%(default)s)")
-    syn.add_argument("--avg-degree", type=float, default=20,
-                     help="mean in-degree of the symmetric graph, before dropping self loops and duplicates (%(default)s)")
-    syn.add_argument("--num-classes", type=int, default=SETTINGS["synthetic_classes"].default,
+    # A float as the role's --avg-degree 10 parses: the same fingerprint.
+    syn.add_argument("--avg-degree", type=float, default=float(setting_default("avg_degree")),
+                     help="mean in-degree of the symmetric graph, before dropping self loops and duplicates (%(default)g)")
+    syn.add_argument("--num-classes", type=int, default=setting_default("num_classes"),
                      help="number of label classes (%(default)s)")
-    syn.add_argument("--feat-dim", type=int, default=100, help="node feature dimension (%(default)s)")
+    syn.add_argument("--feat-dim", type=int, default=setting_default("feat_dim"),
+                     help="node feature dimension (%(default)s)")
     syn.add_argument("--num-communities", type=int, default=0,
                      help="communities (class = community %% num-classes); 0: max(num-classes, nodes/1000)")
     syn.add_argument("--homophily", type=float, default=0.8, help="fraction of edges inside a community (%(default)s)")

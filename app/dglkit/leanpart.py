@@ -142,15 +142,23 @@ def random_parts(num_nodes: int, num_parts: int) -> np.ndarray:
     return np.random.default_rng(0).integers(0, num_parts, num_nodes)
 
 
-def assign_main(argv: list[str]) -> int:
+def argument_parser() -> argparse.ArgumentParser:
+    """The assignment child's options (docs/cli.md is made from them too)."""
     parser = argparse.ArgumentParser(prog="python -m dglkit.leanpart assign")
-    parser.add_argument("--graph", required=True, type=Path)
-    parser.add_argument("--out", required=True, type=Path)
-    parser.add_argument("--num-parts", required=True, type=int)
-    parser.add_argument("--method", choices=("metis", "random"), default="metis")
-    parser.add_argument("--no-balance-train", dest="balance_train", action="store_false")
-    parser.add_argument("--no-balance-edges", dest="balance_edges", action="store_false")
-    args = parser.parse_args(argv)
+    parser.add_argument("--graph", required=True, type=Path,
+                        help="the dataset's graph.dgl (its structure and train_mask are read)")
+    parser.add_argument("--out", required=True, type=Path, help="the assignment: one int32 part per node (.npy)")
+    parser.add_argument("--num-parts", required=True, type=int, help="parts")
+    parser.add_argument("--method", choices=("metis", "random"), default="metis", help="how (%(default)s)")
+    parser.add_argument("--no-balance-train", dest="balance_train", action="store_false",
+                        help="metis: do not balance the training nodes across the parts")
+    parser.add_argument("--no-balance-edges", dest="balance_edges", action="store_false",
+                        help="metis: do not balance the in-edges across the parts")
+    return parser
+
+
+def assign_main(argv: list[str]) -> int:
+    args = argument_parser().parse_args(argv)
     if args.method == "metis" and args.num_parts > 1:
         parts = metis_assignment(args.graph, args.num_parts, args.balance_train, args.balance_edges)
     else:

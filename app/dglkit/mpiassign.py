@@ -47,13 +47,14 @@ from dglkit.mpicomm import (
 TRAIN_MASK = "train_mask"
 
 
-def parse(argv: list[str]) -> argparse.Namespace:
+def argument_parser() -> argparse.ArgumentParser:
+    """The program's options (docs/cli.md is made from them too)."""
     parser = argparse.ArgumentParser(prog="mpirun -np W python -m dglkit.mpiassign")
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--dataset-dir", type=Path, help="a dataset prepared with --arrays, or a chunked one")
     source.add_argument("--chunked", type=Path, help="a graph in DGL's chunked format (its metadata.json's directory)")
     parser.add_argument("--out", required=True, type=Path, help="assignment directory (replaced when complete)")
-    parser.add_argument("--num-parts", required=True, type=int)
+    parser.add_argument("--num-parts", required=True, type=int, help="parts of the assignment")
     parser.add_argument("--vertex-weight", choices=("nodes", "degree"), default="nodes",
                         help="what the parts balance: nodes, or nodes plus in-edges (%(default)s)")
     parser.add_argument("--strategy", choices=tuple(ptscotch.STRATEGIES), default="quality",
@@ -61,7 +62,11 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--imbalance", type=float, default=0.03, help="load imbalance allowed (%(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="PT-Scotch's random seed (%(default)s)")
     parser.add_argument("--batch-edges", type=int, default=BATCH_EDGES, help="edges per exchange round")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    args = argument_parser().parse_args(argv)
     if not 0 < args.imbalance < 1 or args.batch_edges < 1:
         raise UserError("--imbalance must be between 0 and 1 and --batch-edges positive")
     return args

@@ -51,7 +51,8 @@ from dglkit.mpicomm import (
 from dglkit.partition import read_rows
 
 
-def parse(argv: list[str]) -> argparse.Namespace:
+def argument_parser() -> argparse.ArgumentParser:
+    """The program's options (docs/cli.md is made from them too)."""
     parser = argparse.ArgumentParser(prog="mpirun -np NUM_PARTS python -m dglkit.mpibuild")
     parser.add_argument("--dataset-dir", required=True, type=Path,
                         help="a dataset prepared with --arrays, or a homogeneous graph in DGL's chunked format")
@@ -62,7 +63,11 @@ def parse(argv: list[str]) -> argparse.Namespace:
                         help="edges (and at most as many node data rows) per exchange round")
     parser.add_argument("--graphbolt", action="store_true",
                         help="also write each part's GraphBolt graph (for use_graphbolt=True), on its own rank")
-    return parser.parse_args(argv)
+    return parser
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    return argument_parser().parse_args(argv)
 
 
 def check_assignment(args: argparse.Namespace, data: Input, num_parts: int) -> dict[str, Any]:

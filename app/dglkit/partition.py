@@ -224,7 +224,10 @@ def distributed_step(args: argparse.Namespace, dataset: dict[str, Any], out: Pat
                    args.memory_gb, ways_out="workers with more memory, or more of them (more, smaller parts)")
         shutil.rmtree(out / f"part{args.part}", ignore_errors=True)  # an earlier attempt's
         arrays = args.dataset_dir / dataset["arrays"]["dir"]
+        # The part in each phase: the workers' lines come one after another, without their host.
+        PROGRESS.phase(f"part {args.part} of {args.num_parts}: lay out the assignment")
         layout = leanpart.Layout.of(np.load(out / ASSIGNMENT), dst, args.num_parts)
+        PROGRESS.phase(f"part {args.part} of {args.num_parts}: read its node data, write its files")
         counts: dict[str, Any] = leanpart.build_part(out, args.part, layout, src, dst, lambda owned: {
             name: read_rows(arrays / f"node_{name}.npy", owned) for name in dataset["arrays"]["node_data"]})
         counts.update(host=socket.gethostname(), build_s=lap(start), peak_rss_mb=round(peak_rss_mb()))
@@ -236,7 +239,9 @@ def distributed_step(args: argparse.Namespace, dataset: dict[str, Any], out: Pat
     missing = [p for p, part in enumerate(parts) if not part]
     if missing:
         raise UserError(f"parts {missing} of {out} are not built: run --step part --part P for each first")
+    PROGRESS.phase("lay out the assignment")
     layout = leanpart.Layout.of(np.load(out / ASSIGNMENT), dst, args.num_parts)
+    PROGRESS.phase("write the ID mappings and config")
     manifest.update(leanpart.finish(out, layout, src, args.graph_name, args.part_method, parts))
     timings = {**manifest["timings"], "build_s": max(part["build_s"] for part in parts), "finish_s": lap(start)}
     if args.graphbolt:

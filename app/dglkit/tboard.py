@@ -127,12 +127,17 @@ def set_aside(folder: Path, history: str) -> str | None:
     return str(target / path.name)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def argument_parser() -> argparse.ArgumentParser:
+    """The program's options (docs/cli.md is made from them too)."""
+    parser = argparse.ArgumentParser(prog="python -m dglkit.tboard", description=__doc__.split("\n\n")[0])
     parser.add_argument("--run-folder", required=True, type=Path, help="the job's run folder, runs/<job id>")
     parser.add_argument("--set-aside", metavar="K", help="a new run starts: move the earlier run's event file to "
                         "history/K/ (K empty: history/earlier-<its time>/)")
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = argument_parser().parse_args()
     try:
         import tensorboard  # noqa: F401 (only to say that it is missing)
     except ImportError:

@@ -441,7 +441,9 @@ def test_a_capped_storage_host_refuses_to_partition_alone_and_the_workers_build_
         site: Cluster, runs: Path) -> None:
     from dglkit.resources import memory_estimate
 
-    run = train(site, runs, *WIDE, "-e", "dgl_job_partition_builder=distributed")
+    run = train(site, runs, *WIDE, "-e", "dgl_job_partition_builder=distributed", "-e", "dgl_job_progress_seconds=1")
+    # A line a second while each worker builds its part (dglkit follow's polls), the part in it.
+    assert re.search(r"^\d\d:\d\d:\d\d partition: part [01] of 2: [a-z]", run.output, re.M), run.output[-4000:]
     folder = run_folder(run.output)
     result = json.loads((folder / "result.json").read_text())
     assert result["num_trainers"] == 2 and result["val_acc"] > 0.3, result

@@ -49,3 +49,21 @@ def test_the_cli_reference_is_what_the_parsers_make(tmp_path: Path) -> None:
     (tmp_path / "docs" / "cli.md").write_text(edited)
     stale = subprocess.run([*command, str(tmp_path)], cwd=REPO / "app", capture_output=True, text=True, timeout=300)
     assert stale.returncode == 1 and "docs/cli.md differs" in stale.stderr and "make docs" in stale.stderr
+
+
+def test_every_program_of_the_app_is_on_the_cli_reference_or_says_why_not() -> None:
+    """A module run as `python -m dglkit.<module>` (mpirun's programs, the roles' and the commands' children) has its
+    options on docs/cli.md like the commands, or is named with the reason it is not."""
+    from dglkit import clidoc
+
+    app = REPO / "app" / "dglkit"
+    programs = {f"dglkit.{path.stem}" for path in app.glob("*.py")
+                if path.stem != "__main__" and re.search(r"^if __name__ == .__main__.:", path.read_text(), re.M)}
+    assert programs == set(clidoc.PROGRAMS) | set(clidoc.UNLISTED), "list each in clidoc.PROGRAMS or UNLISTED"
+    run = re.compile(r"""-m['"]?,? ['"]?(dglkit\.\w+)""")
+    sources = [*app.rglob("*.py"), *(REPO / "roles").rglob("*.yml"), *(REPO / "playbooks").rglob("*.yml")]
+    started = {module for path in sources for module in run.findall(path.read_text())}
+    assert started and started <= programs, started - programs
+    reference = (REPO / "docs" / "cli.md").read_text()
+    for module in clidoc.PROGRAMS:
+        assert f"python -m {module}" in reference, module

@@ -1,4 +1,6 @@
 """One declaration of the job settings (app/dglkit/settings.py): the files generated from it do not drift."""
+import json
+import re
 import shutil
 import subprocess
 import sys
@@ -7,7 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dglkit import settings
+from dglkit import chunkcmd, data, settings
+from dglkit.__main__ import command_parser
+from dglkit.common import digest
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -64,3 +68,36 @@ def test_other_roles_take_the_declared_defaults(tmp_path: Path) -> None:
     check = subprocess.run([sys.executable, "-m", "dglkit", "settings", "--root", str(tmp_path)], cwd=REPO / "app",
                            capture_output=True, text=True, timeout=60)
     assert check.returncode == 1 and "roles/firewall/defaults/main.yml" in check.stderr, check.stderr
+
+
+def role_synthetic_arguments() -> list[str]:
+    """The synthetic graph's options that the dgl_dataset role passes to `prepare` and `chunked generate`, with the
+    role's defaults rendered as Ansible renders them (text); checks that the argument spec says the same."""
+    role = REPO / "roles/dgl_dataset"
+    passed = yaml.safe_load((role / "tasks/prepare.yml").read_text())[0]["vars"]["_synthetic"]
+    defaults = yaml.safe_load((role / "defaults/main.yml").read_text())
+    specs = yaml.safe_load((role / "meta/argument_specs.yml").read_text())["argument_specs"]["main"]["options"]
+    arguments = []
+    for option, value in zip(passed[::2], passed[1::2]):
+        var = re.fullmatch(r"\{\{ (dgl_dataset_\w+) \}\}", value)
+        assert var, f"prepare.yml's _synthetic: {option} {value}"
+        assert specs[var[1]]["default"] == defaults[var[1]], var[1]
+        # The option takes its default from the job setting the role's variable mirrors.
+        assert data.SYNTHETIC_SETTINGS[option[2:].replace("-", "_")] == var[1].removeprefix("dgl_dataset_"), option
+        arguments += [option, str(defaults[var[1]])]
+    assert len(arguments) == 2 * len(data.SYNTHETIC_SETTINGS)
+    return arguments
+
+
+@pytest.mark.parametrize("dataset", ["synthetic", "synthetic-hetero"])
+def test_the_synthetic_graph_by_hand_is_the_one_of_the_default_settings(dataset: str) -> None:
+    """`dglkit prepare --dataset synthetic` and `chunked generate` without options make what train.yml makes with the
+    default settings: the same parameters, hence the same fingerprint and chunk manifests."""
+    role = role_synthetic_arguments()
+    parser = command_parser(["prepare", "chunked"])
+    prepare = ["prepare", "--dataset", dataset, "--out", "ds"]
+    by_hand, by_role = parser.parse_args(prepare), parser.parse_args(prepare + role)
+    assert digest(data.check_arguments(by_hand)) == digest(data.check_arguments(by_role))
+    generate = ["chunked", "generate", "--out", "chunks", "--dataset", dataset, "--num-chunks", "2"]
+    by_hand, by_role = parser.parse_args(generate), parser.parse_args(generate + role)
+    assert json.dumps(chunkcmd.generate_params(by_hand)) == json.dumps(chunkcmd.generate_params(by_role))

@@ -22,7 +22,7 @@ def prepare(cli, path: Path, out: Path) -> tuple[int, dict | None, str]:
 def test_describes_a_generated_graph_and_reruns_as_noop_until_a_chunk_changes(cli, tmp_path):
     graph = tmp_path / "graph"
     code, _, err = cli("chunked", "generate", "--out", graph, "--num-chunks", "2", "--num-nodes", "3000",
-                       "--num-classes", "4", "--feat-dim", "16", "--train-frac", "0.5")
+                       "--avg-degree", "20", "--num-classes", "4", "--feat-dim", "16", "--train-frac", "0.5")
     assert code == 0, err
     code, first, err = prepare(cli, graph, tmp_path / "ds")
     assert code == 0 and first and first["changed"], err

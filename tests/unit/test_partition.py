@@ -239,6 +239,27 @@ def test_distributed_builder_writes_what_the_lean_builder_writes(cli, synthetic_
     owned_and_halo(dist / "graph.json", dgl.load_graphs(str(synthetic_dataset / "graph.dgl"))[0][0])
 
 
+def test_the_distributed_steps_name_their_phases_and_the_workers_their_part(cli, synthetic_dataset, tmp_path,
+                                                                          monkeypatch):
+    """What the polls of `dglkit follow` show while each worker builds its part (their lines come without the host:
+    the part says whose) and while the storage host finishes."""
+    from dglkit.progress import PROGRESS
+
+    phases: list[tuple[str, str]] = []
+    monkeypatch.setattr(PROGRESS, "write", lambda: phases.append((PROGRESS.record["command"], PROGRESS.record["phase"])))
+    dist = tmp_path / "dist"
+    assert distributed(cli, synthetic_dataset, dist, 2, "assign")[0] == 0
+    phases.clear()
+    for part in (1, 0):
+        assert distributed(cli, synthetic_dataset, dist, 2, "part", "--part", part)[0] == 0
+    assert phases == [("partition", phase) for part in (1, 0) for phase in (
+        "start", f"part {part} of 2: lay out the assignment", f"part {part} of 2: read its node data, write its files")]
+    phases.clear()
+    assert distributed(cli, synthetic_dataset, dist, 2, "finish")[0] == 0
+    assert phases == [("partition", "start"), ("partition", "lay out the assignment"),
+                      ("partition", "write the ID mappings and config")]
+
+
 def assert_same_files(got_dir: Path, want_dir: Path, num_parts: int) -> None:
     """Two partitions hold the same config, ID mappings, graphs (structure, node and edge data) and features."""
     assert json.loads((got_dir / "graph.json").read_text()) == json.loads((want_dir / "graph.json").read_text())

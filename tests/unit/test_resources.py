@@ -39,7 +39,7 @@ def test_lean_builder_builds_parts_at_once_while_the_memory_holds_them():
 def test_prepare_refuses_a_graph_larger_than_the_memory_and_writes_nothing(cli, tmp_path):
     out = tmp_path / "data"
     code, _, err = cli("prepare", "--dataset", "synthetic", "--out", out, "--num-nodes", "2000000",
-                       "--avg-degree", "25", "--memory-gb", "2")
+                       "--avg-degree", "25", "--feat-dim", "100", "--memory-gb", "2")
     assert code == 2 and not out.exists()
     assert "preparing 2000000 nodes" in err and "needs about 3.1 GB of memory" in err
     assert "has 2.0 GB available (--memory-gb)" in err and "storage host with more memory" in err
