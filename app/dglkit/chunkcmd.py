@@ -23,8 +23,11 @@ import numpy as np
 
 from dglkit import chunked, chunkgen, data
 from dglkit.common import UserError, emit_result, peak_rss_mb, read_json, write_json
+from dglkit.progress import PROGRESS
 
 MANIFESTS = "manifests"
+# The labelled type's node data, one array per chunk each.
+NODE_DATA = ("feat", "labels", *chunkgen.MASKS)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -112,7 +115,10 @@ def write_chunk(out: Path, params: dict[str, Any], chunk: int) -> bool:
     manifest.unlink(missing_ok=True)
     (out / chunked.METADATA).unlink(missing_ok=True)  # never a metadata.json over chunks of other parameters
     start, edges = time.perf_counter(), {}
-    for kind, kind_type, name, value in chunkgen.generate(params, chunk):
+    # An array takes from seconds to minutes to make: the count of those written is the chunk's progress.
+    arrays = len(chunkgen.edge_types(params)) + len(NODE_DATA)
+    PROGRESS.phase(f"chunk {chunk} of {params['num_chunks']}: make and write its arrays", total=arrays, unit="arrays")
+    for done, (kind, kind_type, name, value) in enumerate(chunkgen.generate(params, chunk), 1):
         if kind == "edges":
             path = out / edge_file(kind_type, chunk)
             edges[kind_type] = len(value[0])
@@ -121,6 +127,7 @@ def write_chunk(out: Path, params: dict[str, Any], chunk: int) -> bool:
             path = out / node_file(kind_type, name, chunk)
             write_atomically(path, np.save, value)
         del value
+        PROGRESS.step(done)
     write_json(manifest, {"params": params, "num_edges": edges, "host": socket.gethostname(),
                           "seconds": round(time.perf_counter() - start, 2), "peak_rss_mb": round(peak_rss_mb())})
     return True
@@ -168,7 +175,6 @@ def metadata(params: dict[str, Any], edge_counts: list[dict[str, int]]) -> dict[
     node_types, edge_types = chunkgen.node_types(params), chunkgen.edge_types(params)
     chunks = range(params["num_chunks"])
     labelled = next(iter(node_types))  # the labelled type comes first (paper, or _N)
-    names = ("feat", "labels", *chunkgen.MASKS)
     return {
         "graph_name": params["dataset"].replace("-", "_"),
         "node_type": list(node_types),
@@ -178,6 +184,6 @@ def metadata(params: dict[str, Any], edge_counts: list[dict[str, int]]) -> dict[
         "edges": {etype: {"format": {"name": "csv", "delimiter": " "}, "data": [edge_file(etype, i) for i in chunks]}
                   for etype in edge_types},
         "node_data": {labelled: {name: {"format": {"name": "numpy"}, "data": [node_file(labelled, name, i)
-                                                                             for i in chunks]} for name in names}},
+                                                                             for i in chunks]} for name in NODE_DATA}},
         "edge_data": {},
     }

@@ -31,7 +31,8 @@ WORKERS = ["node2", "node3"]
 # Features dominate (160k nodes x 2048 floats, 1.3 GB): the single-host builder holds them all, a rank of the
 # mpi builder its part's. Few, small batches keep the training short.
 WIDE = ["-e", "dgl_job_synthetic_nodes=160000", "-e", "dgl_job_synthetic_feat_dim=2048", "-e", "dgl_job_epochs=2",
-        "-e", "dgl_job_batch_size=256", "-e", "dgl_job_fan_out=5,5", "-e", "dgl_job_poll_seconds=2"]
+        "-e", "dgl_job_batch_size=256", "-e", "dgl_job_fan_out=5,5", "-e", "dgl_job_poll_seconds=2",
+        "-e", "dgl_job_progress_seconds=1"]
 MPI = ["-e", "dgl_job_partition_builder=mpi"]
 # A small graph of its own (another seed) for the host shut down mid-partition.
 SMALL = ["-e", "dgl_job_synthetic_nodes=20000", "-e", "dgl_job_synthetic_seed=7", "-e", "dgl_job_epochs=1",
@@ -186,6 +187,9 @@ def test_capped_hosts_partition_with_mpi_and_train_as_the_single_host_path(site:
     assert re.search(r"partition \(mpi\) running: (assign|build) \[node2 \w+ [^,\]]+, node3 \w+ ", flat_output), \
         output[-4000:]
     assert "partition (mpi) succeeded" in flat_output
+    # Each chunk of 80k nodes x 2048 features takes seconds to make: its writer's progress shows.
+    assert re.search(r"chunked: chunk [01] of 2: make and write its arrays, [0-5]/6 arrays", flat_output), \
+        output[-4000:]
     folder = run_folder(output)
     partition = Path(json.loads((folder / "job.json").read_text())["part_config"]).parent
     assert partition.name == partitioned_capped.parent.name and partition.name.endswith("-2p-mpi")

@@ -2,6 +2,7 @@
 (seed, chunk) alone, read back with dglkit.chunked."""
 
 import filecmp
+import json
 import os
 import subprocess
 import sys
@@ -108,6 +109,17 @@ def test_rerun_writes_nothing_and_other_parameters_rewrite(cli, tmp_path):
     assert other["written_chunks"] == [1] and not (tmp_path / "metadata.json").exists()
     code, _, err = cli("chunked", "finish", "--out", tmp_path)
     assert code == 2 and "chunks [0] are not written with the parameters of" in err
+
+
+@pytest.mark.parametrize("dataset, arrays", [("synthetic", 6), ("synthetic-hetero", 13)])
+def test_a_writer_counts_the_arrays_of_its_chunk_as_its_progress(cli, tmp_path, monkeypatch, dataset, arrays):
+    """What `dglkit follow` shows of a chunk being written: its arrays, made and written, of all it has (one per
+    edge type, the labelled type's five node data)."""
+    monkeypatch.setenv("DGLKIT_PROGRESS", str(tmp_path / "progress.json"))
+    generate(cli, tmp_path / "graph", "--dataset", dataset, "--num-chunks", "3", "--chunks", "2")
+    record = json.loads((tmp_path / "progress.json").read_text())
+    assert record["phase"] == "chunk 2 of 3: make and write its arrays"
+    assert (record["done"], record["total"], record["unit"]) == (arrays, arrays, "arrays")
 
 
 def test_heterogeneous_graph_is_shaped_like_ogbn_mag(cli, tmp_path):
