@@ -265,9 +265,11 @@ def write_access(state: dict) -> None:
             keytype, key = pub.read_text().split()[:2]
             known.append(f"{host},{ip} {keytype} {key}")
         config.append(f"Host {host}\n  HostName {ip}\n")
+    # One user and port per host here, so the host's name tells the connections apart: %C's 40 characters (and
+    # ssh's 17 of a temporary name) took a long cluster name's socket path over the 107 a socket may have.
     ssh_opts = {"User": "root", "IdentityFile": cdir / "ssh/id_ed25519", "IdentitiesOnly": "yes",
                 "UserKnownHostsFile": cdir / "ssh/known_hosts", "StrictHostKeyChecking": "yes",
-                "ControlMaster": "auto", "ControlPersist": "60s", "ControlPath": cdir / "ssh/cp/%C"}
+                "ControlMaster": "auto", "ControlPersist": "60s", "ControlPath": cdir / "ssh/cp/%h"}
     (cdir / "ssh/known_hosts").write_text("\n".join(known) + "\n")
     (cdir / "ssh/config").write_text("".join(config) + "Host *\n"
                                      + "".join(f"  {k} {v}\n" for k, v in ssh_opts.items()))
