@@ -65,7 +65,7 @@ from dglkit.partition import read_rows
 def parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="mpirun -np NUM_PARTS python -m dglkit.mpibuild")
     parser.add_argument("--dataset-dir", required=True, type=Path,
-                        help="a dataset prepared with --arrays, or a homogeneous graph in DGL's chunked format")
+                        help="a dataset prepared with --arrays, or a graph in DGL's chunked format (its dataset.json)")
     parser.add_argument("--assignment", required=True, type=Path, help="the directory dglkit.mpiassign wrote")
     parser.add_argument("--out", required=True, type=Path, help="partition directory (replaced when complete)")
     parser.add_argument("--graph-name", default="graph", help="DistGraph name; the config is <name>.json")
