@@ -8,7 +8,8 @@ every part with its halo in memory at once (about 215 bytes per edge). Here:
    nodes and in-degrees balanced) and saves the assignment; its memory is returned when it exits;
 2. this process reads the graph once and writes one part at a time: the part's owned nodes renumbered to a
    contiguous range, the in-edges of owned nodes (renumbered to a contiguous range too) and, as
-   partition_graph does for one hop, the owned nodes' edges into halo nodes, marked not inner.
+   partition_graph does for one hop, the owned nodes' out-edges into other parts, marked not inner (halo
+   nodes: the other ends of both).
 The files are the ones partition_graph writes (graph.dgl with _ID/inner_node/part_id and _ID/inner_edge,
 node_feat.dgl, edge_feat.dgl, <graph>.json); DistGraph and dgl_partition_to_graphbolt read them unchanged.
 
@@ -220,21 +221,25 @@ def build(graph_file: Path, assignment: np.ndarray, out: Path, graph_name: str,
 def build_part(out: Path, p: int, layout: Layout, src: np.ndarray, dst: np.ndarray,
                node_rows: Callable[[np.ndarray], dict[str, np.ndarray]]) -> dict[str, int]:
     """Write part p (owned nodes, their in-edges and, as partition_graph does for one hop, the owned nodes'
-    edges into halo nodes, marked not inner) and return its counts. node_rows(owned) gives every node data's
-    rows of the owned nodes (sorted original IDs): written first, so that they are not held beside the graph."""
+    out-edges into other parts, marked not inner; halo nodes: the other ends of both) and return its counts.
+    node_rows(owned) gives every node data's rows of the owned nodes (sorted original IDs): written first, so
+    that they are not held beside the graph."""
     part_dir = out / f"part{p}"
     part_dir.mkdir()
     owned = layout.orig_nids[layout.node_starts[p]:layout.node_starts[p + 1]]
-    rows = node_rows(owned)
+    rows = {f"_N/{name}": array for name, array in node_rows(owned).items()}
     train_nodes = write_node_data(part_dir, rows)
     del rows
     num_nodes = len(layout.part)
     inner_eids = np.flatnonzero(layout.dst_part == p)
+    outer_eids = np.flatnonzero((layout.dst_part != p) & (layout.part[src] == p))
     member = np.zeros(num_nodes, bool)
     member[owned] = True
-    member[src[inner_eids]] = True  # one hop: the sources of the owned nodes' in-edges
+    # One hop, as partition_graph keeps it: the sources of the owned nodes' in-edges and the destinations of
+    # their out-edges (the same nodes when every edge has its reverse).
+    member[src[inner_eids]] = True
+    member[dst[outer_eids]] = True
     halo = np.sort(layout.new_nids[np.flatnonzero(member & (layout.part != p))])
-    outer_eids = np.flatnonzero((layout.dst_part != p) & member[dst] & (layout.part[src] == p))
     write_graph(part_dir, p, owned, halo, inner_eids, outer_eids, src, dst, layout)
     return {"part": p, "nodes": len(owned), "edges": len(inner_eids), "train_nodes": train_nodes,
             "halo_nodes": len(halo)}
@@ -259,17 +264,23 @@ def finish(out: Path, layout: Layout, src: np.ndarray, graph_name: str, part_met
             "edge_cut": {"count": cut, "fraction": round(cut / max(num_edges, 1), 6)}}
 
 
-def write_config(out: Path, graph_name: str, part_method: str, node_starts: np.ndarray, edge_starts: np.ndarray
+def write_config(out: Path, graph_name: str, part_method: str, node_starts: np.ndarray, edge_starts: np.ndarray,
+                 node_types: tuple[str, ...] | list[str] = ("_N",), edge_types: tuple[str, ...] | list[str] = ("_N:_E:_N",)
                  ) -> None:
-    """<graph>.json, partition_graph's config of a homogeneous graph: parts own node_starts[p] ..
-    node_starts[p + 1] - 1 and edge_starts[p] .. edge_starts[p + 1] - 1 of the new IDs."""
-    num_parts = len(node_starts) - 1
+    """<graph>.json, partition_graph's config: part p owns new node IDs node_starts[p * T + t] ..
+    node_starts[p * T + t + 1] - 1 of type t (T node types: a part's nodes type by type, as partition_graph lays
+    heterogeneous parts out; one type, `_N`, for a homogeneous graph), and its edges likewise by edge type."""
+    def ranges(starts: np.ndarray, types: tuple[str, ...] | list[str]) -> dict[str, list[list[int]]]:
+        count = len(types)
+        return {name: [[int(starts[p * count + t]), int(starts[p * count + t + 1])] for p in range(num_parts)]
+                for t, name in enumerate(types)}
+
+    num_parts = (len(node_starts) - 1) // len(node_types)
     config: dict[str, Any] = {
         "graph_name": graph_name, "num_nodes": int(node_starts[-1]), "num_edges": int(edge_starts[-1]),
         "part_method": part_method, "num_parts": num_parts, "halo_hops": 1,
-        "node_map": {"_N": [[int(a), int(b)] for a, b in zip(node_starts[:-1], node_starts[1:])]},
-        "edge_map": {"_N:_E:_N": [[int(a), int(b)] for a, b in zip(edge_starts[:-1], edge_starts[1:])]},
-        "ntypes": {"_N": 0}, "etypes": {"_N:_E:_N": 0},
+        "node_map": ranges(node_starts, node_types), "edge_map": ranges(edge_starts, edge_types),
+        "ntypes": {name: t for t, name in enumerate(node_types)}, "etypes": {name: t for t, name in enumerate(edge_types)},
         **{f"part-{p}": {"node_feats": f"part{p}/node_feat.dgl", "edge_feats": f"part{p}/edge_feat.dgl",
                          "part_graph": f"part{p}/graph.dgl"} for p in range(num_parts)}}
     with open(out / f"{graph_name}.json", "w") as f:
@@ -310,21 +321,24 @@ def write_graph(part_dir: Path, p: int, owned: np.ndarray, halo: np.ndarray, inn
 
 
 def write_node_data(part_dir: Path, rows: dict[str, np.ndarray]) -> int:
-    """A part's node_feat.dgl (every node data's rows of its owned nodes, in new-ID order) and its empty
-    edge_feat.dgl; return the part's training nodes."""
+    """A part's node_feat.dgl (every node data's rows of its owned nodes of its type, in new-ID order, under
+    DGL's key `<node type>/<name>`) and its empty edge_feat.dgl; return the part's training nodes."""
     import torch
     from dgl.data.utils import save_tensors
 
-    save_tensors(str(part_dir / "node_feat.dgl"), {f"_N/{name}": torch.from_numpy(array) for name, array in rows.items()})
+    save_tensors(str(part_dir / "node_feat.dgl"), {key: torch.from_numpy(array) for key, array in rows.items()})
     save_tensors(str(part_dir / "edge_feat.dgl"), {})
-    return int(np.count_nonzero(rows.get("train_mask", ())))
+    return sum(int(np.count_nonzero(array)) for key, array in rows.items() if key.endswith("/train_mask"))
 
 
 def save_part_graph(part_dir: Path, p: int, node_start: int, num_owned: int, halo: np.ndarray, halo_parts: np.ndarray,
-                    ends: np.ndarray, new_eids: np.ndarray, num_inner: int) -> None:
+                    ends: np.ndarray, new_eids: np.ndarray, num_inner: int,
+                    types: tuple[np.ndarray, np.ndarray] | None = None) -> None:
     """One part's graph.dgl as partition_graph writes it: local nodes are the owned ones (new IDs node_start ..
     node_start + num_owned - 1), then the halo nodes (`halo`: new IDs, sorted; `halo_parts`: their parts); `ends`
-    (2 x edges, local IDs) holds the `num_inner` in-edges of owned nodes, then the edges into halo nodes."""
+    (2 x edges, local IDs) holds the `num_inner` in-edges of owned nodes, then the edges into halo nodes. A
+    heterogeneous graph's part also has each local node's and edge's type (`types`: their places in the config's
+    ntypes and etypes) as `_TYPE`, int32 as partition_graph saves it."""
     import dgl
     import torch
 
@@ -338,6 +352,9 @@ def save_part_graph(part_dir: Path, p: int, node_start: int, num_owned: int, hal
     graph.edata[dgl.EID] = torch.from_numpy(new_eids)
     graph.edata["inner_edge"] = torch.from_numpy(
         np.concatenate([np.ones(num_inner, np.uint8), np.zeros(len(new_eids) - num_inner, np.uint8)]))
+    if types is not None:
+        graph.ndata[dgl.NTYPE] = torch.from_numpy(types[0].astype(np.int32))
+        graph.edata[dgl.ETYPE] = torch.from_numpy(types[1].astype(np.int32))
     dgl.save_graphs(str(part_dir / "graph.dgl"), [graph])
 
 

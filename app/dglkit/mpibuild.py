@@ -6,17 +6,26 @@ Rank r owns node IDs starts[r] .. starts[r+1] - 1 and edges E * r // K .. E * (r
 1. new node IDs: parts own contiguous ranges, original order within a part. From the per-rank counts of each
    part (Allgather) rank r numbers its own nodes; each node's ID pair goes to its part, which then reads its
    nodes' rows of the arrays' node data (a block at a time) or, of a chunked graph, receives them from the
-   ranks that read the node chunks (chunk i on rank i mod K), and writes node_feat.dgl;
+   ranks that read the node chunks (chunk i of a type on rank i mod K), and writes node_feat.dgl;
 2. new edge IDs: an edge belongs to its destination's part, original order within a part. A first pass over
    the rank's edges counts them per segment (its range of the arrays, or each chunk) and part (the ends' parts
    asked of their owners); a second numbers them and
    sends each to its destination's part (the in-edges of its nodes) and, when its source is in another part,
-   to the source's part too (the candidates for the edges into halo nodes);
-3. part P keeps as halo nodes the other parts' sources of its in-edges and, as partition_graph does for one
-   hop, the candidates into them, and writes graph.dgl; each rank writes its part's range of orig_nids.npy
-   and orig_eids.npy in place (write calls at its offset, not memory maps: NFS writes those whole pages).
+   to the source's part too (its nodes' out-edges into other parts);
+3. part P keeps as halo nodes, as partition_graph does for one hop, the other parts' sources of its in-edges
+   and the destinations of those out-edges, which it keeps too, and writes graph.dgl; each rank writes its
+   part's range of orig_nids.npy and orig_eids.npy in place (write calls at its offset, not memory maps: NFS
+   writes those whole pages).
 With --graphbolt each rank then writes its part's GraphBolt graph (dglkit.boltpart). Rank 0 writes
 <graph>.json and manifest.json last and renames `.<out>.partial` to DIR.
+
+A heterogeneous graph (DGL's chunked format, several node or edge types) comes out as partition_graph writes
+one: homogeneous IDs have the types in metadata order, so "original order within a part" already lays a part's
+nodes (edges) out type by type, each type's a contiguous range (node_map/edge_map per type in the config, from
+the counts per part and type: parts x types numbers); node data goes under `<node type>/<name>`, graph.dgl
+carries `_TYPE` of its nodes and edges, and the ID mappings are per type, type-local IDs as DGL returns them
+(orig_nids.npz, orig_eids.npz: each rank writes its ranges of one .npy per type, which rank 0 then copies into
+the archive a block at a time). Edge data is not carried: a graph with edge_data is refused.
 """
 
 import argparse
@@ -24,7 +33,9 @@ import io
 import os
 import shutil
 import time
+import zipfile
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +50,7 @@ from dglkit.mpicomm import (
     ArraysInput,
     ChunkedInput,
     Input,
+    Types,
     exchange,
     lookup,
     mpi_main,
@@ -55,7 +67,7 @@ def argument_parser() -> argparse.ArgumentParser:
     """The program's options (docs/cli.md is made from them too)."""
     parser = argparse.ArgumentParser(prog="mpirun -np NUM_PARTS python -m dglkit.mpibuild")
     parser.add_argument("--dataset-dir", required=True, type=Path,
-                        help="a dataset prepared with --arrays, or a homogeneous graph in DGL's chunked format")
+                        help="a dataset prepared with --arrays, or a graph in DGL's chunked format (its dataset.json)")
     parser.add_argument("--assignment", required=True, type=Path, help="the directory dglkit.mpiassign wrote")
     parser.add_argument("--out", required=True, type=Path, help="partition directory (replaced when complete)")
     parser.add_argument("--graph-name", default="graph", help="DistGraph name; the config is <name>.json")
@@ -70,10 +82,40 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return argument_parser().parse_args(argv)
 
 
+@dataclass
+class TypedRanges:
+    """Where the new IDs of each part's items (nodes or edges) of each type lie: part p's items of type t are
+    starts[p * T + t] .. starts[p * T + t + 1] - 1, a part's items type by type (T = 1: a homogeneous graph)."""
+    counts: np.ndarray  # parts x types
+    starts: np.ndarray = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.starts = np.concatenate([[0], np.cumsum(self.counts.reshape(-1))]).astype(np.int64)
+
+    def part_starts(self) -> np.ndarray:
+        return self.starts[::self.counts.shape[1]]
+
+    def block(self, p: int, t: int) -> tuple[int, int]:
+        """(first new ID, count) of part p's items of type t."""
+        return int(self.starts[p * self.counts.shape[1] + t]), int(self.counts[p, t])
+
+    def type_of(self, new_ids: np.ndarray) -> np.ndarray:
+        return owner(new_ids, self.starts) % self.counts.shape[1]
+
+
+def check_supported(dataset_dir: Path, data: Input, graphbolt: bool = False) -> None:
+    """What the builder does not carry is refused, not dropped: edge data; GraphBolt graphs of heterogeneous
+    parts (the kit's RGCN trainer samples with DGL's own sampler)."""
+    if data.edge_data:
+        raise UserError(f"{dataset_dir}: the mpi builder does not carry edge data ({', '.join(data.edge_data)}): "
+                        "partition a copy of metadata.json without edge_data (the structure and node data)")
+    if graphbolt and data.types.heterogeneous:
+        raise UserError(f"{dataset_dir} is heterogeneous: the mpi builder writes GraphBolt graphs of homogeneous "
+                        "parts only (set dgl_job_graphbolt=false)")
+
+
 def check_assignment(args: argparse.Namespace, data: Input, num_parts: int) -> dict[str, Any]:
-    if isinstance(data, ChunkedInput) and data.graph.heterogeneous:
-        raise UserError(f"{args.dataset_dir}: the mpi builder builds homogeneous partitions (one node type, one edge "
-                        "type); partition a heterogeneous graph with another builder")
+    check_supported(args.dataset_dir, data, args.graphbolt)
     manifest = read_json(args.assignment / "manifest.json")
     if not manifest or not manifest.get("complete"):
         raise UserError(f"{args.assignment} holds no complete assignment: run dglkit.mpiassign first")
@@ -93,24 +135,26 @@ def program(comm: Any, argv: list[str]) -> int:
     starts = ranges(data.num_nodes, num_parts)
     PROGRESS.phase("relabel")
     table, node_starts = node_table(comm, args.assignment, assignment["slices"], starts)
+    nodes = type_counts(comm, table[:, 0], starts, data.types.node_starts)
     owned = owned_nodes(comm, table, starts)
     tmp = args.out.with_name(f".{args.out.name}.partial")
-    offsets = start_output(comm, tmp, data)
+    offsets = start_output(comm, tmp, id_files(data.types))
     part_dir = tmp / f"part{rank}"
     part_dir.mkdir()
     PROGRESS.phase("send node data")
-    train_nodes = leanpart.write_node_data(part_dir, part_node_data(comm, data, owned, starts, table, node_starts,
+    train_nodes = leanpart.write_node_data(part_dir, part_node_data(comm, data, owned, starts, table, nodes,
                                                                     args.batch_edges))
-    write_at(tmp / "orig_nids.npy", offsets, int(node_starts[rank]), owned)
+    write_ids(tmp, offsets, "nids", owned, nodes, rank, data.types)
     del owned
     PROGRESS.phase("count edges")
-    edge_starts, bases = edge_ranges(comm, data, starts, table, args.batch_edges)
+    edges, bases = edge_ranges(comm, data, starts, table, args.batch_edges)
+    edge_starts = edges.part_starts()
     PROGRESS.phase("send edges")
     inner, candidates, cut = send_edges(comm, data, starts, table, edge_starts, bases, args.batch_edges)
     del table
-    write_at(tmp / "orig_eids.npy", offsets, int(edge_starts[rank]), inner[:, 0])
+    write_ids(tmp, offsets, "eids", inner[:, 0], edges, rank, data.types)
     PROGRESS.phase("write")
-    halo = write_part_graph(part_dir, rank, node_starts, int(edge_starts[rank]), inner, candidates)
+    halo = write_part_graph(part_dir, rank, nodes, edges, inner, candidates, data.types.heterogeneous)
     counts = {"part": rank, "nodes": int(node_starts[rank + 1] - node_starts[rank]), "edges": len(inner),
               "train_nodes": train_nodes, "halo_nodes": halo}
     del inner, candidates
@@ -120,7 +164,7 @@ def program(comm: Any, argv: list[str]) -> int:
     parts = comm.gather({**counts, "host": os.uname().nodename, "peak_rss_mb": round(peak_rss_mb())})
     cut = comm.allreduce(cut)
     if rank == 0:
-        finish(args, tmp, data, assignment, node_starts, edge_starts, parts, cut, time.perf_counter() - started)
+        finish(args, tmp, data, assignment, (nodes, edges), parts, cut, time.perf_counter() - started)
     comm.Barrier()  # every rank returns once DIR is in place
     PROGRESS.phase("done")
     return 0
@@ -151,6 +195,15 @@ def numbered(groups: np.ndarray, bases: np.ndarray) -> np.ndarray:
     return result
 
 
+def type_counts(comm: Any, part: np.ndarray, starts: np.ndarray, type_starts: np.ndarray) -> TypedRanges:
+    """Every part's nodes of each type (parts x types, summed over the ranks' own nodes, whose types follow from
+    their homogeneous IDs). Collective."""
+    first, num_types = int(starts[comm.Get_rank()]), len(type_starts) - 1
+    ntype = owner(np.arange(first, first + len(part)), type_starts)
+    counts = np.bincount(part * num_types + ntype, minlength=comm.Get_size() * num_types)
+    return TypedRanges(comm.allreduce(counts).reshape(comm.Get_size(), num_types))
+
+
 def owned_nodes(comm: Any, table: np.ndarray, starts: np.ndarray) -> np.ndarray:
     """The original IDs of this rank's part's nodes, in new-ID order (which is their order)."""
     first = int(starts[comm.Get_rank()])
@@ -160,29 +213,34 @@ def owned_nodes(comm: Any, table: np.ndarray, starts: np.ndarray) -> np.ndarray:
 
 
 def part_node_data(comm: Any, data: Input, owned: np.ndarray, starts: np.ndarray,
-                   table: np.ndarray, node_starts: np.ndarray, batch: int) -> dict[str, np.ndarray]:
-    """Every node data's rows of this rank's part, in new-ID order: read from the arrays' rows of `owned` (the
-    part's original IDs), or sent to the part by the ranks that read the chunks."""
+                   table: np.ndarray, nodes: TypedRanges, batch: int) -> dict[str, np.ndarray]:
+    """Every node data's rows of this rank's part, in new-ID order, under DGL's key `<node type>/<name>`: read
+    from the arrays' rows of `owned` (the part's original IDs), or sent to the part by the ranks that read the
+    chunks."""
     if isinstance(data, ArraysInput):
-        return {name: read_rows(data.dir / f"node_{name}.npy", owned) for name in data.node_data}
-    return {name: received_rows(comm, data, name, starts, table, node_starts, batch) for name in data.node_data}
+        return {f"_N/{name}": read_rows(data.dir / f"node_{name}.npy", owned) for name in data.node_data}
+    return {f"{data.types.nodes[t]}/{name}": received_rows(comm, data, t, name, starts, table,
+                                                          nodes.block(comm.Get_rank(), t), batch)
+            for t, name in data.node_data_items}
 
 
-def received_rows(comm: Any, data: ChunkedInput, name: str, starts: np.ndarray, table: np.ndarray,
-                  node_starts: np.ndarray, batch: int) -> np.ndarray:
-    """Node data `name` of this rank's part, in new-ID order: each rank reads its chunks a batch of rows a
-    round, asks the owners of their nodes for (part, new ID) and sends each row, as int64 words of its bytes
-    after its new ID, to its part. Collective."""
+def received_rows(comm: Any, data: ChunkedInput, t: int, name: str, starts: np.ndarray, table: np.ndarray,
+                  block: tuple[int, int], batch: int) -> np.ndarray:
+    """Node type t's data `name` of this rank's part (its nodes of the type: new IDs block[0] .. block[0] +
+    block[1] - 1), in new-ID order: each rank reads its chunks a batch of rows a round, asks the owners of their
+    nodes for (part, new ID) and sends each row, as int64 words of its bytes after its new ID, to its part.
+    Collective."""
     rank, size = comm.Get_rank(), comm.Get_size()
-    dtype, row_shape = data.node_header(name)
+    dtype, row_shape = data.node_header(t, name)
     items = int(np.prod(row_shape, dtype=np.int64))
     row_bytes = dtype.itemsize * items
     words = -(-row_bytes // 8)
     per_round = max(1, min(batch, BATCH_ROW_BYTES // (8 * words + 8)))
-    mine = sum(-(-count // per_round) for count in data.graph.node_chunks[data.graph.node_types[0]][rank::size])
+    mine = sum(-(-count // per_round) for count in data.node_chunks(t, rank, size))
     count = rounds(comm, mine)
-    batches = data.node_batches(name, rank, size, per_round)
-    received = np.zeros((int(node_starts[rank + 1] - node_starts[rank]), words), np.int64)
+    batches = data.node_batches(t, name, rank, size, per_round)
+    first, length = block
+    received = np.zeros((length, words), np.int64)
     for done in range(count):
         ids, rows = next(batches, (np.zeros(0, np.int64), np.zeros((0, *row_shape), dtype)))
         PROGRESS.step(done + 1, count)
@@ -190,7 +248,7 @@ def received_rows(comm: Any, data: ChunkedInput, name: str, starts: np.ndarray, 
         packed = np.zeros((len(ids), words), np.int64)
         packed.view(np.uint8)[:, :row_bytes] = np.ascontiguousarray(rows).reshape(len(ids), items).view(np.uint8)
         got, _ = exchange(comm, np.concatenate([placed[:, 1:], packed], 1), placed[:, 0])
-        received[got[:, 0] - node_starts[rank]] = got[:, 1:]
+        received[got[:, 0] - first] = got[:, 1:]
     raw = received.view(np.uint8)
     raw = raw if raw.shape[1] == row_bytes else np.ascontiguousarray(raw[:, :row_bytes])
     return raw.view(dtype).reshape(len(raw), *row_shape)
@@ -202,10 +260,18 @@ def npy_header(length: int) -> bytes:
     return header.getvalue()
 
 
-def start_output(comm: Any, tmp: Path, data: Input) -> dict[str, int]:
-    """The temporary output directory with orig_nids.npy and orig_eids.npy at full size for the ranks to fill;
-    return each file's data offset."""
-    lengths = {"orig_nids.npy": data.num_nodes, "orig_eids.npy": data.num_edges}
+def id_files(types: Types) -> dict[str, int]:
+    """The ID mappings' files and their lengths: orig_nids.npy and orig_eids.npy of a homogeneous graph; of a
+    heterogeneous one, a file per type (orig_nids.<t>.npy, orig_eids.<t>.npy), the archives' members to be."""
+    if not types.heterogeneous:
+        return {"orig_nids.npy": int(types.node_starts[-1]), "orig_eids.npy": int(types.edge_starts[-1])}
+    return {f"orig_{kind}.{t}.npy": int(n) for kind, type_starts in (("nids", types.node_starts), ("eids", types.edge_starts))
+            for t, n in enumerate(np.diff(type_starts))}
+
+
+def start_output(comm: Any, tmp: Path, lengths: dict[str, int]) -> dict[str, int]:
+    """The temporary output directory with the ID mapping files at full size for the ranks to fill; return each
+    file's data offset."""
     if comm.Get_rank() == 0:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
@@ -223,6 +289,29 @@ def write_at(path: Path, offsets: dict[str, int], index: int, values: np.ndarray
         f.seek(offsets[path.name] + 8 * index)
         np.ascontiguousarray(values, dtype="<i8").tofile(f)
 
+
+def write_ids(tmp: Path, offsets: dict[str, int], kind: str, ids: np.ndarray, typed: TypedRanges, rank: int,
+              types: Types) -> None:
+    """This part's original IDs (`ids`: homogeneous, in new-ID order) at its place in the mapping of `kind`
+    (nids, eids): of a heterogeneous graph, each type's as type-local IDs at the part's place among the type's."""
+    type_starts = types.node_starts if kind == "nids" else types.edge_starts
+    begin = 0
+    for t, count in enumerate(typed.counts[rank]):
+        name = f"orig_{kind}.{t}.npy" if types.heterogeneous else f"orig_{kind}.npy"
+        write_at(tmp / name, offsets, int(typed.counts[:rank, t].sum()), ids[begin:begin + count] - type_starts[t])
+        begin += count
+
+
+def pack_ids(tmp: Path, kind: str, names: list[str]) -> None:
+    """orig_<kind>.npz from the per-type files, as np.savez writes it (a zip of .npy members, stored), a block
+    at a time: the whole mapping is never in memory."""
+    with zipfile.ZipFile(tmp / f"orig_{kind}.npz", "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
+        for t, name in enumerate(names):
+            piece = tmp / f"orig_{kind}.{t}.npy"
+            with open(piece, "rb") as source, archive.open(f"{name}.npy", "w", force_zip64=True) as member:
+                shutil.copyfileobj(source, member, 1 << 24)
+            piece.unlink()
+
 def ends(comm: Any, data: Input, starts: np.ndarray, table: np.ndarray, batch: int
          ) -> Iterator[tuple[int, np.ndarray, np.ndarray, np.ndarray]]:
     """(first edge ID, source (part, new ID) rows, destination rows, source IDs) of this rank's edges, a
@@ -235,18 +324,19 @@ def ends(comm: Any, data: Input, starts: np.ndarray, table: np.ndarray, batch: i
 
 
 def edge_ranges(comm: Any, data: Input, starts: np.ndarray, table: np.ndarray, batch: int
-                ) -> tuple[np.ndarray, np.ndarray]:
-    """Where each part's new edge IDs start, and where the new IDs of each segment's edges into each part start
-    (segments x parts; a segment is a rank's range of the arrays, or a chunk), from every rank's count of its
-    edges per segment and destination part: new IDs follow the original order within a part, whichever rank
-    reads which segment."""
-    segments = data.segment_starts(comm.Get_size())
-    counts = np.zeros((len(segments), comm.Get_size()), np.int64)
+                ) -> tuple[TypedRanges, np.ndarray]:
+    """Each part's edges of each type, and where the new IDs of each segment's edges into each part start
+    (segments x parts; a segment is a rank's range of the arrays, or a chunk, of one edge type), from every
+    rank's count of its edges per segment and destination part: new IDs follow the original order within a part,
+    whichever rank reads which segment, and so a part's edges come type by type (segments are in type order)."""
+    segments, num_parts = data.segment_starts(comm.Get_size()), comm.Get_size()
+    counts = np.zeros((len(segments), num_parts), np.int64)
     for first, _, dst_rows, _ in ends(comm, data, starts, table, batch):
-        counts[segment_of(segments, first)] += np.bincount(dst_rows[:, 0], minlength=comm.Get_size())
+        counts[segment_of(segments, first)] += np.bincount(dst_rows[:, 0], minlength=num_parts)
     counts = comm.allreduce(counts)
-    edge_starts = np.concatenate([[0], np.cumsum(counts.sum(0))])
-    return edge_starts, edge_starts[:-1] + np.cumsum(counts, 0) - counts
+    segment_types = data.segment_types(comm.Get_size())
+    typed = TypedRanges(np.stack([counts[segment_types == e].sum(0) for e in range(len(data.types.edges))], 1))
+    return typed, typed.part_starts()[:-1] + np.cumsum(counts, 0) - counts
 
 
 def segment_of(segments: np.ndarray, first: int) -> int:
@@ -280,13 +370,17 @@ def send_edges(comm: Any, data: Input, starts: np.ndarray, table: np.ndarray, ed
     return inner, candidate_rows[np.argsort(candidate_rows[:, 0])], cut
 
 
-def write_part_graph(part_dir: Path, p: int, node_starts: np.ndarray, first_id: int, inner: np.ndarray,
-                     candidates: np.ndarray) -> int:
+def write_part_graph(part_dir: Path, p: int, nodes: TypedRanges, edges: TypedRanges, inner: np.ndarray,
+                     candidates: np.ndarray, heterogeneous: bool) -> int:
     """graph.dgl of part p from its in-edges and the candidates; return its number of halo nodes."""
+    node_starts, first_id = nodes.part_starts(), int(edges.part_starts()[p])
     node_start, num_owned = int(node_starts[p]), int(node_starts[p + 1] - node_starts[p])
     sources = inner[:, 1]
-    halo = np.unique(sources[(sources < node_start) | (sources >= node_start + num_owned)])
-    outer = candidates[np.isin(candidates[:, 2], halo)]
+    # One hop, as partition_graph keeps it: the other parts' sources of the in-edges, the destinations of the
+    # owned nodes' out-edges into other parts (the candidates, every one kept).
+    halo = np.unique(np.concatenate([sources[(sources < node_start) | (sources >= node_start + num_owned)],
+                                     candidates[:, 2]]))
+    outer = candidates
 
     def local(new: np.ndarray) -> np.ndarray:
         owned = (new >= node_start) & (new < node_start + num_owned)
@@ -295,20 +389,29 @@ def write_part_graph(part_dir: Path, p: int, node_starts: np.ndarray, first_id: 
     edge_ends = np.empty((2, len(inner) + len(outer)), np.int64)
     for end in (0, 1):
         edge_ends[end, :len(inner)], edge_ends[end, len(inner):] = local(inner[:, 1 + end]), local(outer[:, 1 + end])
+    new_eids = np.concatenate([np.arange(first_id, first_id + len(inner)), outer[:, 0]])
+    types = (nodes.type_of(np.concatenate([np.arange(node_start, node_start + num_owned), halo])),
+             edges.type_of(new_eids)) if heterogeneous else None
     leanpart.save_part_graph(part_dir, p, node_start, num_owned, halo, owner(halo, node_starts), edge_ends,
-                             np.concatenate([np.arange(first_id, first_id + len(inner)), outer[:, 0]]), len(inner))
+                             new_eids, len(inner), types)
     return len(halo)
 
 
-def finish(args: argparse.Namespace, tmp: Path, data: Input, assignment: dict[str, Any], node_starts: np.ndarray,
-           edge_starts: np.ndarray, parts: list[dict[str, Any]], cut: int, seconds: float) -> None:
-    """Rank 0, once every part is written: the config, the manifest (last), then the directory's own name."""
-    leanpart.write_config(tmp, args.graph_name, "ptscotch", node_starts, edge_starts)
+def finish(args: argparse.Namespace, tmp: Path, data: Input, assignment: dict[str, Any],
+           typed: tuple[TypedRanges, TypedRanges], parts: list[dict[str, Any]], cut: int, seconds: float) -> None:
+    """Rank 0, once every part is written: the per-type ID mappings of a heterogeneous graph, the config, the
+    manifest (last), then the directory's own name."""
+    types = data.types
+    if types.heterogeneous:
+        pack_ids(tmp, "nids", types.nodes)
+        pack_ids(tmp, "eids", types.edges)
+    leanpart.write_config(tmp, args.graph_name, "ptscotch", typed[0].starts, typed[1].starts, types.nodes, types.edges)
     if args.graphbolt:
         boltpart.add_to_config(tmp / f"{args.graph_name}.json")
     manifest = {"complete": True, "dataset_dir": str(args.dataset_dir.resolve()), "dataset_fingerprint": data.fingerprint,
                 "graphbolt": args.graphbolt, "part_config": f"{args.graph_name}.json", "num_parts": len(parts),
-                "num_nodes": data.num_nodes, "num_edges": data.num_edges, "parts": parts,
+                "num_nodes": data.num_nodes, "num_edges": data.num_edges, "heterogeneous": types.heterogeneous,
+                "parts": parts,
                 "edge_cut": {"count": cut, "fraction": round(cut / max(data.num_edges, 1), 6)},
                 "assignment": {key: assignment[key] for key in ("vertex_weight", "strategy", "imbalance", "edge_cut")},
                 "build_s": round(seconds, 3), "peak_rss_mb": max(part["peak_rss_mb"] for part in parts)}

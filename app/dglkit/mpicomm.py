@@ -11,6 +11,7 @@ import os
 import sys
 import traceback
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +79,23 @@ def lookup(comm: Any, ids: np.ndarray, starts: np.ndarray, table: np.ndarray) ->
     return answers[inverse]
 
 
+@dataclass(frozen=True)
+class Types:
+    """Node and edge types in the order of homogeneous IDs (metadata order), and where each type's IDs start:
+    type t's nodes are homogeneous IDs node_starts[t] .. node_starts[t + 1] - 1, its edges likewise."""
+    nodes: list[str]
+    node_starts: np.ndarray
+    edges: list[str]
+    edge_starts: np.ndarray
+    heterogeneous: bool
+
+    @staticmethod
+    def homogeneous(num_nodes: int, num_edges: int) -> "Types":
+        """DGL's names of a homogeneous graph's one node type and one edge type."""
+        return Types(["_N"], np.array([0, num_nodes], np.int64), ["_N:_E:_N"], np.array([0, num_edges], np.int64),
+                     False)
+
+
 class ArraysInput:
     """A prepared dataset's arrays/ (src.npy, dst.npy, node_<name>.npy) as memory maps: a rank reads its own
     share of them only."""
@@ -94,6 +112,12 @@ class ArraysInput:
         self.src, self.dst = (np.load(self.dir / f"{name}.npy", mmap_mode="r") for name in ("src", "dst"))
         self.num_edges = len(self.src)
         self.fingerprint: str | None = dataset.get("fingerprint")
+        self.types = Types.homogeneous(self.num_nodes, self.num_edges)
+        self.node_data_items = [(0, name) for name in self.node_data]  # (node type's place, name)
+        self.edge_data: list[str] = []
+
+    def segment_types(self, size: int) -> np.ndarray:
+        return np.zeros(size, np.int64)
 
     def edge_range(self, rank: int, size: int) -> tuple[int, int]:
         starts = ranges(self.num_edges, size)
@@ -133,20 +157,26 @@ def open_input(dataset_dir: Path) -> "Input":
 class ChunkedInput:
     """A graph in DGL's chunked format (dglkit.chunked), every node and edge type as one homogeneous graph:
     the chunks of all types, in metadata order, go to the ranks round robin (chunk i to rank i mod W),
-    type-local IDs become homogeneous ones by their type's offset. Its node data is read for homogeneous graphs
-    (the one node type's)."""
+    type-local IDs become homogeneous ones by their type's offset. Node data is read per type: chunk i of a
+    type's data on rank i mod W."""
 
     def __init__(self, root: Path, fingerprint: str | None = None) -> None:
         from dglkit import chunked
 
-        self.graph = chunked.load(root)
-        self.num_nodes = sum(self.graph.num_nodes.values())
-        self.num_edges = sum(self.graph.num_edges.values())
-        ntype = self.graph.node_types[0]
-        self.node_data: list[str] = [] if self.graph.heterogeneous else list(self.graph.node_data.get(ntype, {}))
+        graph = self.graph = chunked.load(root)
+        self.num_nodes = sum(graph.num_nodes.values())
+        self.num_edges = sum(graph.num_edges.values())
+        self.types = Types(graph.node_types, np.cumsum([0] + [graph.num_nodes[t] for t in graph.node_types]),
+                           graph.edge_types, np.cumsum([0] + [graph.num_edges[t] for t in graph.edge_types]),
+                           graph.heterogeneous)
+        if not graph.heterogeneous:  # DGL's names, whatever metadata.json calls the one type
+            self.types = Types.homogeneous(self.num_nodes, self.num_edges)
+        self.node_data_items = [(t, name) for t, ntype in enumerate(graph.node_types)  # (node type's place, name)
+                                for name in graph.node_data.get(ntype, {})]
+        self.edge_data = [f"{etype}/{name}" for etype, names in graph.edge_data.items() for name in names]
         self.fingerprint = fingerprint
-        first_ids = np.cumsum([0] + [n for etype in self.graph.edge_types for n in self.graph.edge_chunks[etype]])
-        self.chunks = [(etype, chunk) for etype in self.graph.edge_types for chunk in range(len(self.graph.edge_chunks[etype]))]
+        first_ids = np.cumsum([0] + [n for etype in graph.edge_types for n in graph.edge_chunks[etype]])
+        self.chunks = [(etype, chunk) for etype in graph.edge_types for chunk in range(len(graph.edge_chunks[etype]))]
         self.first_ids = [int(first) for first in first_ids[:-1]]  # of each chunk, edge IDs in the same order
 
     def check(self, rank: int, size: int) -> None:
@@ -158,6 +188,10 @@ class ChunkedInput:
     def segment_starts(self, size: int) -> np.ndarray:
         """The first edge IDs of the chunks, in edge ID order (a batch lies in one chunk)."""
         return np.array(self.first_ids, np.int64)
+
+    def segment_types(self, size: int) -> np.ndarray:
+        """The edge type (its place in metadata order) of each chunk, in edge ID order."""
+        return np.array([self.graph.edge_types.index(etype) for etype, _ in self.chunks], np.int64)
 
     def num_batches(self, rank: int, size: int, batch: int) -> int:
         """edge_batches' count: each chunk in batches of its own."""
@@ -174,25 +208,31 @@ class ChunkedInput:
             for begin in range(0, len(src), batch):
                 yield first + begin, src[begin:begin + batch], dst[begin:begin + batch]
 
-    def node_header(self, name: str) -> tuple[np.dtype, tuple[int, ...]]:
-        """The dtype and row shape of node data `name` (chunk 0's, which every chunk shares: checked)."""
+    def node_header(self, t: int, name: str) -> tuple[np.dtype, tuple[int, ...]]:
+        """The dtype and row shape of node type t's data `name` (chunk 0's, which every chunk shares: checked)."""
         from dglkit import chunked
 
-        first = self.graph.node_data[self.graph.node_types[0]][name][0]
+        first = self.graph.node_data[self.graph.node_types[t]][name][0]
         return chunked.data_header(first, self.graph.formats[first])
 
-    def node_batches(self, name: str, rank: int, size: int, batch: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        """(node IDs, their rows) of this rank's chunks of node data `name`, `batch` rows at a time; a .npy
-        chunk is mapped, so that only the batch is read into memory."""
+    def node_chunks(self, t: int, rank: int, size: int) -> list[int]:
+        """The row counts of this rank's chunks of node type t's data."""
+        return self.graph.node_chunks[self.graph.node_types[t]][rank::size]
+
+    def node_batches(self, t: int, name: str, rank: int, size: int, batch: int
+                     ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """(homogeneous node IDs, their rows) of this rank's chunks of node type t's data `name`, `batch` rows at
+        a time; a .npy chunk is mapped, so that only the batch is read into memory."""
         from dglkit import chunked
 
-        ntype = self.graph.node_types[0]
+        ntype = self.graph.node_types[t]
         counts, files = self.graph.node_chunks[ntype], self.graph.node_data[ntype][name]
+        offset = self.graph.node_offset(ntype)
         for chunk in range(rank, len(counts), size):
             path = files[chunk]
             rows = (chunked.load_npy(path, mmap=True) if self.graph.formats[path].name == "numpy"
                     else chunked.read_node_data(self.graph, ntype, name, chunk))
-            first = sum(counts[:chunk])
+            first = offset + sum(counts[:chunk])
             for begin in range(0, len(rows), batch):
                 end = min(begin + batch, len(rows))
                 yield np.arange(first + begin, first + end, dtype=np.int64), np.asarray(rows[begin:end])

@@ -23,9 +23,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dglkit import mpiblame, ptscotch
+from dglkit import mpiblame, mpibuild, ptscotch
 from dglkit.common import UserError, emit_result, read_json, write_json
-from dglkit.mpicomm import PROGRESS_ENV
+from dglkit.mpicomm import PROGRESS_ENV, open_input
 from dglkit.resources import GB, host_memory, mpi_rank_estimate, mpi_ranks_needed
 
 UNIT = "dglkit-partition.service"
@@ -101,9 +101,10 @@ def check(args: argparse.Namespace) -> int:
     if dataset is None or ("arrays" not in dataset and dataset.get("format") != "chunked"):
         raise UserError(f"{args.dataset_dir} is neither a dataset prepared with --arrays nor a graph in DGL's chunked "
                         "format: run its prepare step first")
-    if dataset.get("heterogeneous"):
-        raise UserError(f"{args.dataset_dir} is heterogeneous: the mpi builder builds homogeneous partitions")
-    sizes = (dataset["num_nodes"], dataset["num_edges"], dataset.get("feat_dim", 0))
+    mpibuild.check_supported(args.dataset_dir, open_input(args.dataset_dir), args.graphbolt)  # metadata.json only
+    # A heterogeneous graph's node data, as if every node had the widest type's features: an upper bound.
+    widest = max([t.get("feat_dim", 0) for t in dataset.get("node_types", {}).values()], default=0)
+    sizes = (dataset["num_nodes"], dataset["num_edges"], max(dataset.get("feat_dim", 0), widest))
     need = mpi_rank_estimate(*sizes, args.num_parts)
     have, source = host_memory() if args.memory_gb is None else (int(args.memory_gb * GB), "--memory-gb")
     if need > have:

@@ -139,8 +139,9 @@ def mpi_errors(s: dict[str, Any]) -> list[str]:
     return ([f"dgl_job_partition_builder=mpi runs mpirun across the workers: set {' and '.join(missing)} in the "
              "inventory and run site.yml (Open MPI and PT-Scotch on the workers, the job account's SSH between them)"]
             if missing else []) + (
-        [f"dgl_job_partition_builder=mpi builds homogeneous partitions; {s['dataset']} is heterogeneous: use "
-         "dgl_job_partition_builder=lean"] if hetero is True else [])
+        [f"dgl_job_partition_builder=mpi reads a heterogeneous graph in DGL's chunked format only; {s['dataset']} is "
+         "heterogeneous and would be prepared as arrays (one node type): write it in the chunked format "
+         "(dgl_job_dataset: chunked) or use dgl_job_partition_builder=lean"] if hetero is True else [])
 
 
 def job_settings(s: dict[str, Any]) -> dict[str, Any]:

@@ -6,7 +6,8 @@ by chunk (each its own chunk, the storage host metadata.json and dataset.json on
 the mpi builder partitions it from the chunks (each rank's memory checked first, each within its estimate),
 and GraphSAGE then trains on it (caps lifted: the job's servers hold the parts, which takes more than the caps)
 to the accuracy the single-host builder's partition gives the whole-graph generator's graph of the same
-settings.
+settings; a user's heterogeneous graph in DGL's chunked format is partitioned by the mpi builder and RGCN
+trains on it.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
 import pytest
 
 from jobhelpers import assert_clean, flat, kill, run_folder, start_train, train, working_set
@@ -232,3 +234,40 @@ def assert_no_host_held_the_graph(cluster: Cluster, dataset_dir: Path) -> None:
     assert all(chunk["peak_rss_mb"] < features_mb for chunk in chunks), (chunks, features_mb)
     assert dataset["format"] == "chunked" and dataset["peak_rss_mb"] < features_mb, dataset
     assert not (local / "graph.dgl").exists() and not (local / "arrays").exists()
+
+
+def test_rgcn_trains_on_a_heterogeneous_chunked_graph_partitioned_with_mpi(site: Cluster, runs: Path) -> None:
+    """A user's heterogeneous graph in DGL's chunked format on the shared workspace (ogbn-mag's types, labels on
+    papers, written there by `dglkit chunked generate`), dgl_job_dataset=chunked with the mpi builder: the
+    workers partition it with mpirun into DGL's heterogeneous parts, and RGCN trains on them, its predictions
+    back in original paper IDs."""
+    from dglkit import chunked
+
+    graph = f"{WORKSPACE}/datasets/user-hetero-chunks"
+    site.ssh("node1", f"runuser -u dglkit -- {VENV}/bin/python -m dglkit chunked generate --out {graph} --dataset "
+                      "synthetic-hetero --num-chunks 3 --num-nodes 6000 --num-classes 5 --feat-dim 16 --seed 3",
+             timeout=300)
+    run = train(site, runs, "-e", "dgl_job_dataset=chunked", "-e", f"dgl_job_chunked_path={graph}", *MPI,
+                "-e", "dgl_job_epochs=4", "-e", "dgl_job_batch_size=100", "-e", "dgl_job_save_predictions=true",
+                "-e", "dgl_job_poll_seconds=1")
+    assert "partition (mpi) succeeded" in flat(run.output), run.output[-4000:]
+    folder = run_folder(run.output)
+    result = json.loads((folder / "result.json").read_text())
+    assert result["category"] == "paper" and result["num_trainers"] == 2, result
+    assert result["featureless_types"] == ["author", "field_of_study", "institution"], result
+    assert result["best_test_acc"] > 0.5, result  # chance: 0.2
+    partition = Path(json.loads((folder / "job.json").read_text())["part_config"]).parent
+    assert partition.name.endswith("-2p-mpi"), partition
+    local = partitions(site) / partition.name
+    manifest = json.loads((local / "manifest.json").read_text())
+    assert manifest["complete"] and manifest["heterogeneous"] and all(p["train_nodes"] for p in manifest["parts"])
+    config = json.loads((local / Path(json.loads((folder / "job.json").read_text())["part_config"]).name).read_text())
+    assert list(config["ntypes"]) == ["paper", "author", "institution", "field_of_study"], config["ntypes"]
+    # In original paper order (orig_nids.npz put them back) the predictions match the chunks' labels as well as
+    # the test accuracy says; in another order they would match at chance.
+    chunks = chunked.load(site.workspace / "datasets" / Path(graph).name)
+    labels, test = (np.concatenate([chunked.read_node_data(chunks, "paper", name, i) for i in range(3)])
+                    for name in ("labels", "test_mask"))
+    predictions = np.load(folder / "predictions.npy")
+    assert len(predictions) == len(labels) and (predictions[test > 0] == labels[test > 0]).mean() > 0.5
+    assert_clean(site)

@@ -82,10 +82,12 @@ def owned_and_halo(part_config: Path, graph) -> list[dict]:
         owned = orig_nids[nid[inner]]
         in_edges = np.flatnonzero(np.isin(dst, owned))
         np.testing.assert_array_equal(np.sort(orig_eids[eid[inner_edge]]), in_edges)
-        # Halo: the other ends of those edges; kept besides: the owned nodes' edges into halo nodes.
+        # Kept besides: the owned nodes' out-edges into other parts; halo: the other ends of both (the same nodes
+        # when every edge has its reverse; partition_graph keeps both on a directed graph, test_mpihetero).
+        out_edges = np.flatnonzero(np.isin(src, owned) & ~np.isin(dst, owned))
         halo = orig_nids[nid[~inner]]
-        np.testing.assert_array_equal(np.sort(halo), np.setdiff1d(src[in_edges], owned))
-        kept = np.flatnonzero(np.isin(dst, owned) | (np.isin(src, owned) & np.isin(dst, halo)))
+        np.testing.assert_array_equal(np.sort(halo), np.setdiff1d(np.concatenate([src[in_edges], dst[out_edges]]), owned))
+        kept = np.flatnonzero(np.isin(dst, owned) | np.isin(src, owned))
         np.testing.assert_array_equal(np.sort(orig_eids[eid]), kept)
         np.testing.assert_array_equal(orig_nids[nid[local_src]], src[orig_eids[eid]])
         np.testing.assert_array_equal(orig_nids[nid[local_dst]], dst[orig_eids[eid]])

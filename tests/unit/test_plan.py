@@ -67,7 +67,8 @@ def test_values_given_as_strings_are_the_same_job() -> None:
     ({"partition_builder": "mpi", "ssh_mesh": True}, "set dglkit_mpi: true in the inventory"),
     ({"partition_builder": "mpi"}, "set dglkit_mpi: true and dglkit_ssh_mesh: true in the inventory"),
     ({"partition_builder": "mpi", "mpi": True, "ssh_mesh": True, "dataset": "ogbn-mag"},
-     "dgl_job_partition_builder=mpi builds homogeneous partitions; ogbn-mag is heterogeneous"),
+     "dgl_job_partition_builder=mpi reads a heterogeneous graph in DGL's chunked format only; ogbn-mag is "
+     "heterogeneous"),
     ({"dataset": "products"}, "dgl_job_dataset=products: use synthetic, synthetic-hetero, files, chunked or an ogbn-* "
                               "name such as ogbn-products or ogbn-mag"),
     ({"task": "link_prediction", "dataset": "synthetic-hetero"},
