@@ -54,8 +54,10 @@ def records(job_dir: Path, attempt: int) -> list[dict[str, Any]]:
 
 def is_victim(record: dict[str, Any]) -> bool:
     """The process failed because a peer did (or was stopped): its error is about the connection it lost. One
-    killed by a signal other than a stop's was killed from outside: a cause, whatever its log says."""
-    if (record.get("exit_code") or 0) < 0 and record["exit_code"] not in (-2, -15):
+    killed by a signal other than a stop's was killed from outside: a cause, whatever its log says. SIGABRT is
+    a process ending itself on an exception (DGL's RPC aborts when its server's connection goes): its message
+    (the launcher's reason) says which."""
+    if (record.get("exit_code") or 0) < 0 and record["exit_code"] not in (-2, -6, -15):
         return False
     text = " ".join([str(record.get("error") or record.get("reason") or ""), *record.get("traceback", [])[-3:],
                      *([] if record.get("error") else record.get("log_tail", [])[-5:])])

@@ -132,6 +132,35 @@ def test_the_process_that_failed_first_is_blamed_not_the_node_that_noticed_first
     assert watched["log_tail"][-1] == raised and watched["log"] == "the traceback of trainer-1"
 
 
+def test_a_process_that_aborted_on_its_lost_server_is_not_the_cause(cli, tmp_path):
+    """node3's server was killed (SIGKILL); node2's trainer aborted (SIGABRT) on DGL's RPC check a moment later,
+    and node2's launcher wrote first (node3's was slower to notice). The abort's message, deep in the log before
+    the backtrace, makes node2's trainer a victim: node3's server is the cause."""
+    from dglkit.launcher.failure import abort_message
+
+    now = time.time()
+    (tmp_path / "job.json").write_text(json.dumps({"max_restarts": 0, "nodes": ["node2", "node3"]}))
+    log = tmp_path / "trainer-0.log"
+    what = "[21:21:52] /opt/dgl/src/rpc/network/socket_communicator.cc:177: Check failed: tmp != -1 (-1 vs. -1) :"
+    log.write_text("epoch 3 step 5\nterminate called after throwing an instance of 'dmlc::Error'\n"
+                   f"  what():  {what} \nStack trace:\n" + "  [bt] (0) libdgl.so\n" * 12 + "Uptime: 2.0 s\n")
+    assert abort_message(log) == what
+    aborted = {"node": "node2", "process": "trainer-0", "exit_code": -6, "log": str(log),
+               "reason": f"exited with signal SIGABRT ({abort_message(log)})", "log_tail": log.read_text().splitlines()[-12:],
+               "attempt": 1, "started": True, "progress": {"epochs": 3, "checkpoint": None}}
+    write_record(tmp_path / "nodes/node2/failed.json", aborted, now - 2)
+    killed = {**aborted, "node": "node3", "process": "server-0", "exit_code": -9, "log": "server-0.log",
+              "reason": "exited with signal SIGKILL", "log_tail": []}
+    write_record(tmp_path / "nodes/node3/failed.json", killed, now - 1)
+    (tmp_path / "FAILED").write_text(json.dumps(aborted))
+    for node in ("node2", "node3"):
+        (tmp_path / "nodes" / node / "status.json").write_text(json.dumps({"state": "failed", "attempt": 1}))
+    code, watched, _ = cli("watch", "--job-dir", tmp_path)
+    assert watched["failed_node"] == "node3" and watched["process"] == "server-0", watched["message"]
+    assert watched["message"].startswith("failed on node3: server-0: exited with signal SIGKILL; stopped because "
+                                         "of it: node2 trainer-0 (exited with signal SIGABRT ("), watched["message"]
+
+
 @pytest.mark.parametrize("attempts, checkpoint, expected, unexpected", [
     # The same exception at the same place in all three attempts; the job wrote no checkpoint.
     ([("trainer-1", "KeyError: 'features'", "train.py:40 in main", True)] * 3, False,

@@ -14,11 +14,25 @@ MISSING_DGL_API = re.compile(r"(?:AttributeError: module '(dgl[\w.]*)' has no at
                              r"|ModuleNotFoundError: No module named '(dgl[\w.]*)')")
 
 
+# What C++ prints of the exception that aborted a process (DGL's RPC, gloo): `what():  [time] file:line: text`.
+ABORT_MESSAGE = re.compile(r"^\s*what\(\):\s*(.+?)\s*$", re.M)
+
+
 def log_tail(path: Path, lines: int = 12) -> list[str]:
     try:
         return path.read_text(errors="replace").splitlines()[-lines:]
     except OSError:
         return []
+
+
+def abort_message(path: Path) -> str:
+    """The message of the C++ exception that aborted a process (SIGABRT), from its log; "" without one. Its
+    backtrace and the allocator's banner push it out of the log's last lines."""
+    try:
+        found = ABORT_MESSAGE.findall(path.read_text(errors="replace"))
+    except OSError:
+        return ""
+    return found[-1] if found else ""
 
 
 def newer_dgl_hint(tail: list[str]) -> str:

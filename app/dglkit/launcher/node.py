@@ -3,6 +3,7 @@ and its failure of an attempt (failed.json, and the job's FAILED file when it is
 
 import argparse
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -11,7 +12,7 @@ from typing import TextIO
 
 from dglkit.blame import failed_file, progress
 from dglkit.common import write_json
-from dglkit.launcher.failure import log_tail, newer_dgl_hint, publish_failed
+from dglkit.launcher.failure import abort_message, log_tail, newer_dgl_hint, publish_failed
 
 STATUS_EVERY = 2.0
 # How often the launcher looks at its processes, the job directory and the other nodes.
@@ -82,6 +83,8 @@ class Node:
         """Record the failure in this node's failed.json and, if no other node was first, in the job's FAILED
         file (which stops every node)."""
         tail = log_tail(log) if tail is None else tail
+        aborted = abort_message(log) if code == -signal.SIGABRT else ""
+        reason += f" ({aborted})" if aborted else ""
         reason += newer_dgl_hint(tail)
         self.say(f"FAILED: {process}: {reason}; last lines of {log}:\n    " + "\n    ".join(tail))
         record = {"node": node or self.cfg.node_name, "process": process, "exit_code": code, "reason": reason,
