@@ -1,14 +1,15 @@
 """The watch over this node's processes during an attempt: a process that fails or leaves a failure record,
 servers that do not listen, a heartbeat that stops; and the end of an attempt whose trainers all succeeded."""
 
+import signal
 import time
 from pathlib import Path
 
 import psutil
 
-from dglkit.blame import is_victim
+from dglkit.blame import PEER_LOST, is_victim
 from dglkit.common import read_json
-from dglkit.launcher.failure import describe_exit
+from dglkit.launcher.failure import abort_message, describe_exit
 from dglkit.launcher.node import POLL, Node
 from dglkit.launcher.outside import PEER_SETTLE, check_outside, peer_failed_first
 from dglkit.launcher.stop import track_descendants
@@ -126,11 +127,18 @@ def check_processes(node: Node) -> bool:
               if code not in (None, 0)]
     if not failed:
         return False
-    name, code = min(failed, key=lambda failure: failure[1] > 0)
-    if name.startswith("trainer-") and code > 0 and peer_failed_first(node):
+    # Killed from outside first, then aborted, then exited with an error.
+    name, code = min(failed, key=lambda failure: (failure[1] > 0, failure[1] == -signal.SIGABRT))
+    if name.startswith("trainer-") and lost_a_peer(node, name, code) and peer_failed_first(node):
         return True
     node.fail(name, code, f"exited with {describe_exit(code)}", node.logs[name])
     return True
+
+
+def lost_a_peer(node: Node, name: str, code: int) -> bool:
+    """A trainer that exited with an error, or aborted on one about a lost connection (DGL's RPC aborts when a
+    server goes), may have failed only because a process of another node did."""
+    return code > 0 or (code == -signal.SIGABRT and bool(PEER_LOST.search(abort_message(node.logs[name]))))
 
 
 def check_failure_records(node: Node) -> bool:
