@@ -22,8 +22,8 @@ FILE = "fused_csc_sampling_graph.pt"
 INT32_MAX = np.iinfo(np.int32).max
 
 
-def convert(part_dir: Path) -> str:
-    """Write part_dir/fused_csc_sampling_graph.pt from part_dir/graph.dgl; returns the file's name."""
+def convert(part_dir: Path) -> None:
+    """Write part_dir/fused_csc_sampling_graph.pt from part_dir/graph.dgl."""
     import dgl
     import torch
     from dgl import graphbolt
@@ -34,7 +34,6 @@ def convert(part_dir: Path) -> str:
         smallest(indptr, graph.num_edges()), smallest(indices, graph.num_nodes()),
         node_attributes={dgl.NID: graph.ndata[dgl.NID].to(torch.int64)}, edge_attributes={})
     torch.save(sampling_graph, part_dir / FILE)
-    return FILE
 
 
 def smallest(ids: torch.Tensor, bound: int) -> torch.Tensor:
