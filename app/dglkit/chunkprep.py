@@ -1,5 +1,7 @@
 """`dglkit prepare --dataset chunked --path DIR --out OUT`: OUT/dataset.json describing the user's graph in DGL's
-chunked format (dglkit.chunked), which stays where it is; nothing of the graph is copied or built.
+chunked format (dglkit.chunked), which stays where it is; nothing of the graph is copied or built. With --whole,
+for the single-host builders, OUT/graph.dgl holds the graph read whole (dglkit.chunkwhole) and dataset.json
+describes it as `prepare` describes any other graph.dgl.
 
 The fingerprint covers metadata.json's text and every chunk file's size and modification time: a re-run with
 the same files is a no-op, a changed chunk makes another fingerprint (and another partition). Only the
@@ -16,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from dglkit import chunked
+from dglkit import chunked, chunkwhole, graphfile
 from dglkit.common import UserError, digest, emit_result, peak_rss_mb, read_json, write_json
 
 FORMAT = 1  # bump when the same files would be described differently
@@ -26,27 +28,42 @@ MASKS = ("train_mask", "val_mask", "test_mask")
 def run(args: argparse.Namespace) -> int:
     if args.path is None:
         raise UserError("--dataset chunked needs --path: the directory holding the graph's metadata.json")
-    if args.arrays or args.val_edges_frac or args.test_edges_frac:
-        raise UserError("--dataset chunked is described where it is, never built whole: --arrays and held-out edges "
-                        "(--val-edges-frac, --test-edges-frac) need the whole graph; write them into the chunks instead")
+    if args.val_edges_frac or args.test_edges_frac or (args.arrays and not args.whole):
+        raise UserError("--dataset chunked is described where it is, not built whole: --arrays needs --whole, and "
+                        "held-out edges (--val-edges-frac, --test-edges-frac) are not drawn from it; write them "
+                        "into the chunks instead")
     root: Path = args.path.resolve()
     graph = chunked.load(root)
-    fingerprint = digest({"format": FORMAT, "source": "chunked", "inputs": inputs(graph)})
+    if args.arrays and graph.heterogeneous:
+        raise UserError("--arrays (for `partition --builder distributed`) works on homogeneous graphs only")
+    whole = {"whole": True, "arrays": args.arrays} if args.whole else {}
+    fingerprint = digest({"format": FORMAT, "source": "chunked", "inputs": inputs(graph), **whole})
     out: Path = args.out
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out} is a file; give a directory")
     old = read_json(out / "dataset.json")
-    if old and old.get("fingerprint") == fingerprint:
+    graph_file = out / "graph.dgl"
+    if old and old.get("fingerprint") == fingerprint and (
+            not args.whole or (graph_file.is_file() and graph_file.stat().st_size == old.get("graph_bytes"))):
         emit_result({"changed": False, "out": str(out), **summary(old)})
         return 0
     start = time.perf_counter()
-    meta = {"source": "chunked", "format": "chunked", "path": str(root), "graph_name": graph.graph_name,
-            "fingerprint": fingerprint, **describe(graph),
-            "seconds": round(time.perf_counter() - start, 2), "peak_rss_mb": round(peak_rss_mb())}
+    described = describe(graph)
+    if args.whole:
+        chunkwhole.check_memory(described, out, args.memory_gb)
+    meta = {"source": "chunked", "path": str(root), "graph_name": graph.graph_name, "fingerprint": fingerprint,
+            **described}
     out.mkdir(parents=True, exist_ok=True)
+    meta.update(write_whole(graph, out, args) if args.whole else {"format": "chunked"})
+    meta.update(seconds=round(time.perf_counter() - start, 2), peak_rss_mb=round(peak_rss_mb()))
     write_json(out / "dataset.json", meta)
     emit_result({"changed": True, "out": str(out), **summary(meta)})
     return 0
+
+
+def write_whole(graph: chunked.ChunkedGraph, out: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """graph.dgl (and with --arrays, arrays/) of the graph read whole; dataset.json's fields for them."""
+    return graphfile.save(chunkwhole.read_graph(graph), out, args.arrays)
 
 
 def summary(meta: dict[str, Any]) -> dict[str, Any]:

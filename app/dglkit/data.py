@@ -13,7 +13,6 @@ import argparse
 import csv
 import importlib.util
 import os
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -21,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from dglkit import chunkprep, hetero, kinds
+from dglkit import chunkprep, graphfile, hetero, kinds
 from dglkit.common import UserError, digest, emit_result, peak_rss_mb, read_csv, read_json, write_json
 from dglkit.progress import PROGRESS
 from dglkit.resources import MEMORY_HELP, check_fits, memory_estimate
@@ -30,7 +29,6 @@ from dglkit.settings import SETTINGS
 # Bump when the same inputs would give a different graph, so that old outputs are rebuilt.
 FORMAT = 2
 MASKS = ("train_mask", "val_mask", "test_mask")
-ARRAYS = "arrays"
 # Class centres are scaled so that features alone separate classes only weakly: a model has to
 # aggregate neighbours (the graph is homophilous) to do well.
 FEATURE_SIGNAL = 1.5
@@ -67,6 +65,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--add-reverse-edges", action="store_true",
                         help="files and ogbn-*: make the graph symmetric (the synthetic graph always is)")
     parser.add_argument("--memory-gb", type=float, help=MEMORY_HELP)
+    parser.add_argument("--whole", action="store_true",
+                        help="chunked: read the graph whole into DIR/graph.dgl, for the single-host builders "
+                             "(lean, dgl, distributed), when it fits this host")
     parser.add_argument("--arrays", action="store_true",
                         help="also write the structure and node data as .npy files in DIR/arrays/, which "
                              "`partition --builder distributed` reads in part on each host (homogeneous graphs)")
@@ -103,6 +104,9 @@ def add_synthetic_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.dataset == kinds.CHUNKED.name:
         return chunkprep.run(args)
+    if args.whole:
+        raise UserError(f"--whole reads a graph in DGL's chunked format whole (--dataset chunked); {args.dataset} is "
+                        "built whole already")
     source, params, inputs = check_arguments(args)
     if args.val_edges_frac or args.test_edges_frac:  # only then: fingerprints of other datasets stay as they were
         params["edges"] = {"val": args.val_edges_frac, "test": args.test_edges_frac, "seed": args.seed}
@@ -149,19 +153,11 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--val-edges-frac/--test-edges-frac (link prediction) work on homogeneous graphs only")
     held_out = hold_out_edges(graph, params["edges"], np.random.default_rng(args.seed)) if params.get("edges") else None
 
-    import dgl
-    PROGRESS.phase("save graph.dgl")
     out.mkdir(parents=True, exist_ok=True)
     if held_out:
         graph = held_out.pop("graph")
         np.savez(out / "edge_split.npz", **held_out)
-    tmp = out / "graph.dgl.tmp"
-    dgl.save_graphs(str(tmp), [graph])
-    meta_path.unlink(missing_ok=True)  # never an old fingerprint next to a new graph, even after a crash
-    shutil.rmtree(out / ARRAYS, ignore_errors=True)
-    os.replace(tmp, graph_path)
-    if args.arrays:
-        write_arrays(graph, out / ARRAYS)
+    saved = graphfile.save(graph, out, args.arrays)
     meta = {
         "source": args.dataset, "parameters": params, "inputs": inputs, "fingerprint": fingerprint,
         **(hetero.describe(graph, category) if category else {
@@ -171,29 +167,12 @@ def run(args: argparse.Namespace) -> int:
         **({"held_out_edges": {"file": "edge_split.npz", "val": len(held_out["val_src"]),
                                "test": len(held_out["test_src"]), "reverse_edges": "second half"}}
            if held_out else {}),
-        "graph_file": graph_path.name, "graph_bytes": graph_path.stat().st_size,
-        **({"arrays": {"dir": ARRAYS, "node_data": list(graph.ndata)}} if args.arrays else {}),
+        **saved,
         "seconds": round(time.perf_counter() - start, 2), "peak_rss_mb": round(peak_rss_mb()),
     }
     write_json(meta_path, meta)
     emit_result({"changed": True, "out": str(out), **summary(meta)})
     return 0
-
-
-def write_arrays(graph, directory: Path) -> None:
-    """src.npy, dst.npy and node_<name>.npy per node data, with the dtypes graph.dgl loads as (masks as 0/1
-    uint8), so that a part built from them equals one built from graph.dgl."""
-    tmp = directory.with_name(directory.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    files = {f"{name}.npy": ids for name, ids in zip(("src", "dst"), graph.edges())}
-    files.update({f"node_{name}.npy": tensor for name, tensor in graph.ndata.items()})
-    PROGRESS.phase("write arrays/", total=len(files), unit="arrays")
-    for done, (name, tensor) in enumerate(files.items(), 1):
-        array = tensor.numpy()
-        np.save(tmp / name, array.astype(np.uint8) if array.dtype == bool else array)
-        PROGRESS.step(done)
-    os.replace(tmp, directory)
 
 
 def prepare_estimate(source: str, params: dict[str, Any], inputs: dict[str, Any]) -> tuple[str, int, int] | None:

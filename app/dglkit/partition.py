@@ -57,7 +57,8 @@ def run(args: argparse.Namespace) -> int:
     graph_file = args.dataset_dir / "graph.dgl"
     if dataset and dataset.get("format") == "chunked":
         raise UserError(f"{args.dataset_dir} describes a graph in DGL's chunked format ({dataset.get('path')}), which "
-                        "the single-host builders do not read: it needs a partitioner that reads it chunk by chunk")
+                        "the single-host builders do not read chunk by chunk: prepare it with --whole (graph.dgl) "
+                        "where it fits one host, or partition it with the mpi builder (`dglkit mpi`)")
     if dataset is None or "fingerprint" not in dataset or not graph_file.is_file():
         raise UserError(f"{args.dataset_dir} is not a prepared dataset (dataset.json and graph.dgl); "
                         f"run `dglkit prepare --out {args.dataset_dir}` first")

@@ -24,8 +24,12 @@ FEATURE_COPIES = {"prepare": 2, "lean": 1.2, "dgl": 2, "assign": 1, "part": 1.2}
 PART_SHARE = 1.1
 # The lean builder's parent process after METIS: the graph's structure (src, dst, each edge's part) ...
 LEAN_GRAPH_PER_EDGE = 24
-# ... and, for each part it is building (`builders` at once), bytes per edge of that part.
-LEAN_PART_PER_EDGE = 50
+# ... and, for each part it is building (`builders` at once), times that part's node data is held (gathered,
+# then written) and bytes per edge of that part. Two graphs fix the two: 160k nodes x 2048 features, 1.5M edges
+# (tests/e2e/test_mpi_partition.py's: 3.0 GB with one builder, 4.2 GB with two, so 1.75 copies) and products-dgl
+# (9410 MB with two builders, so 24 bytes per edge with 1.8 copies); both rounded up.
+LEAN_PART_FEATURE_COPIES = 1.8
+LEAN_PART_PER_EDGE = 30
 
 
 def memory_estimate(stage: str, num_nodes: int, num_edges: int, feat_dim: int, num_parts: int = 1,
@@ -40,7 +44,7 @@ def memory_estimate(stage: str, num_nodes: int, num_edges: int, feat_dim: int, n
         node_bytes = node_bytes * min(1.0, PART_SHARE / num_parts) + 40 * num_nodes
     peak = BASE + PER_EDGE[stage] * num_edges + FEATURE_COPIES[stage] * node_bytes
     if stage == "lean":  # the METIS child, or the parent building the parts, whichever holds more
-        parts = builders * LEAN_PART_PER_EDGE * num_edges * PART_SHARE / num_parts
+        parts = builders * (LEAN_PART_PER_EDGE * num_edges + LEAN_PART_FEATURE_COPIES * node_bytes) * PART_SHARE / num_parts
         peak = max(peak, BASE + LEAN_GRAPH_PER_EDGE * num_edges + node_bytes + parts)
     return int(peak)
 

@@ -161,7 +161,8 @@ SECTIONS: list[tuple[Section, list[Setting]]] = [
         Setting("chunked_path", "str", "",
                 "chunked: the directory of a graph in DGL's chunked graph format (metadata.json and its chunk files, "
                 "as DGL's tools/chunk_graph.py or GraphStorm's graph construction write them) on the shared "
-                "workspace; it is described where it is, never loaded whole (docs/datasets.md). The ids come from "
+                "workspace; the mpi builder reads it where it is, chunk by chunk, the other builders read it whole on the "
+                "storage host (docs/datasets.md). The ids come from "
                 "the path: after changing the files in place, run with -e dgl_job_force=true.", DATASET, PARTITION,
                 sample="comment", example="/srv/dglkit/chunked/papers100M"),
         Setting("partition_builder", "str", "lean",

@@ -91,12 +91,17 @@ def test_the_partition_builder_gives_its_own_partition_and_job(records: dict) ->
     assert builder["partition"] == defaults["partition"] + "-dgl" and builder["job"] != defaults["job"]
 
 
-def test_the_mpi_builders_synthetic_graph_is_a_dataset_of_its_own(records: dict) -> None:
-    """Written chunk by chunk on the workers by the chunked generator: another graph than the whole one's of the
-    same settings. A user's chunked graph stays the same dataset whatever the builder."""
-    defaults, mpi = ids(records, "defaults"), ids(records, "builder-mpi")
-    assert mpi["dataset"] != defaults["dataset"] and mpi["partition"] == mpi["dataset"] + "-2p-mpi"
-    assert ids(records, "chunked-mpi")["dataset"] == ids(records, "chunked")["dataset"]
+def test_the_mpi_builders_synthetic_graphs_are_datasets_of_their_own(records: dict) -> None:
+    """Written chunk by chunk on the workers by the chunked generator: other graphs than the whole ones of the same
+    settings. A user's chunked graph is described where it is for the mpi builder and read whole for the others:
+    two datasets."""
+    for whole, chunked in (("defaults", "builder-mpi"), ("hetero", "hetero-mpi")):
+        assert not ids(records, whole)["on_workers"] and ids(records, chunked)["on_workers"], whole
+        assert ids(records, chunked)["dataset"] != ids(records, whole)["dataset"]
+        assert ids(records, chunked)["partition"] == ids(records, chunked)["dataset"] + "-2p-mpi"
+    assert ids(records, "hetero-mpi")["dataset"].startswith("synthetic-hetero-")
+    described, read_whole = ids(records, "chunked-mpi"), ids(records, "chunked")
+    assert not described["on_workers"] and described["dataset"] != read_whole["dataset"]
 
 
 def test_link_prediction_gets_a_dataset_of_its_own(records: dict) -> None:

@@ -1,4 +1,5 @@
-"""`dglkit prepare --dataset chunked`: dataset.json describing a graph in DGL's chunked format, where it is."""
+"""`dglkit prepare --dataset chunked`: dataset.json describing a graph in DGL's chunked format, where it is, or
+(--whole) the graph read whole into graph.dgl for the single-host builders."""
 
 import json
 import os
@@ -67,9 +68,9 @@ def test_refuses_missing_chunk_and_labels_on_two_types(cli, tmp_path, hetero):
 
 
 def test_refuses_what_would_need_the_whole_graph(cli, tmp_path, hetero):
-    for option in (["--arrays"], ["--val-edges-frac", "0.1"]):
+    for option in (["--arrays"], ["--val-edges-frac", "0.1"], ["--whole", "--val-edges-frac", "0.1"]):
         code, _, err = cli("prepare", "--dataset", "chunked", "--path", hetero, "--out", tmp_path / "ds", *option)
-        assert code == 2 and "never built whole" in err and not (tmp_path / "ds").exists()
+        assert code == 2 and "not built whole" in err and not (tmp_path / "ds").exists()
 
 
 def test_refuses_some_masks_without_the_others(cli, tmp_path, hetero):
@@ -85,3 +86,77 @@ def test_the_single_host_partitioners_refuse_a_chunked_dataset(cli, tmp_path, he
                        "--graph-name", "g")
     assert code == 2 and "describes a graph in DGL's chunked format" in err and str(hetero) in err
     assert not (tmp_path / "parts").exists()
+
+
+def generate(cli, graph: Path) -> None:
+    code, _, err = cli("chunked", "generate", "--out", graph, "--num-chunks", "3", "--num-nodes", "2000",
+                       "--avg-degree", "8", "--num-classes", "4", "--feat-dim", "8")
+    assert code == 0, err
+
+
+def concatenated(directory: Path, name: str) -> np.ndarray:
+    return np.concatenate([np.load(directory / f"{name}-{i}.npy") for i in range(3)])
+
+
+def test_whole_reads_the_chunks_as_given_and_the_lean_builder_partitions_them(cli, tmp_path):
+    import dgl
+
+    graph, out = tmp_path / "graph", tmp_path / "whole"
+    generate(cli, graph)
+    code, described, err = prepare(cli, graph, tmp_path / "described")
+    assert code == 0, err
+    code, first, err = cli("prepare", "--dataset", "chunked", "--path", graph, "--out", out, "--whole")
+    assert code == 0 and first and first["changed"], err
+    assert first["fingerprint"] != described["fingerprint"]
+    meta = json.loads((out / "dataset.json").read_text())
+    assert "format" not in meta and meta["graph_bytes"] == (out / "graph.dgl").stat().st_size
+    g = dgl.load_graphs(str(out / "graph.dgl"))[0][0]
+    edges = np.concatenate([np.loadtxt(graph / "edges" / f"_N:_E:_N-{i}.csv", dtype=np.int64) for i in range(3)])
+    src, dst = (t.numpy() for t in g.edges())
+    # The edges in chunk order, none added (the chunked generator's graph is symmetric already).
+    assert np.array_equal(src, edges[:, 0]) and np.array_equal(dst, edges[:, 1])
+    node_data = graph / "node_data" / "_N"
+    for name in ("feat", "labels", "train_mask"):
+        assert np.array_equal(g.ndata[name].numpy(), concatenated(node_data, name)), name
+    assert meta["num_edges"] == g.num_edges() and meta["num_train"] == int(g.ndata["train_mask"].sum())
+    code, again, _ = cli("prepare", "--dataset", "chunked", "--path", graph, "--out", out, "--whole")
+    assert code == 0 and again and not again["changed"]
+    code, parts, err = cli("partition", "--dataset-dir", out, "--out", tmp_path / "parts", "--num-parts", "2",
+                           "--graph-name", "g")
+    assert code == 0 and parts and parts["num_parts"] == 2, err
+
+
+def test_whole_reads_a_heterogeneous_graph_without_edge_data_and_refuses_one_with_it(cli, tmp_path, hetero):
+    import dgl
+
+    code, _, err = cli("prepare", "--dataset", "chunked", "--path", hetero, "--out", tmp_path / "ds", "--whole")
+    assert code == 2 and "edge_data (paper:cites:paper) is not carried" in err
+    assert not (tmp_path / "ds" / "graph.dgl").exists()
+    edit(hetero, lambda m: m.pop("edge_data"))
+    code, _, err = cli("prepare", "--dataset", "chunked", "--path", hetero, "--out", tmp_path / "ds", "--whole")
+    assert code == 0, err
+    g = dgl.load_graphs(str(tmp_path / "ds" / "graph.dgl"))[0][0]
+    assert {g.num_nodes(t): t for t in g.ntypes} and all(
+        g.num_nodes(t) == sum(HETERO_NODES[t]) for t in HETERO_NODES)
+    assert {":".join(c): g.num_edges(c) for c in g.canonical_etypes} == {
+        etype: len(src) for etype, (src, _) in HETERO_EDGES.items()}
+    assert "feat" in g.nodes["paper"].data and "feat" not in g.nodes["author"].data
+    meta = json.loads((tmp_path / "ds" / "dataset.json").read_text())
+    assert meta["heterogeneous"] and meta["category"] == "paper"
+    code, parts, err = cli("partition", "--dataset-dir", tmp_path / "ds", "--out", tmp_path / "parts",
+                           "--num-parts", "2", "--graph-name", "g")
+    assert code == 0 and parts, err
+
+
+def test_whole_refuses_a_graph_larger_than_the_memory_before_reading_it(cli, tmp_path):
+    graph = tmp_path / "graph"
+    generate(cli, graph)
+    code, _, err = cli("prepare", "--dataset", "chunked", "--path", graph, "--out", tmp_path / "ds", "--whole",
+                       "--memory-gb", "0.05")
+    assert code == 2 and "reading the chunked graph whole (2000 nodes" in err and "needs about" in err, err
+    assert "dgl_job_partition_builder: mpi" in err and not (tmp_path / "ds").exists()
+
+
+def test_whole_is_for_chunked_graphs_only(cli, tmp_path):
+    code, _, err = cli("prepare", "--dataset", "synthetic", "--num-nodes", "100", "--out", tmp_path / "ds", "--whole")
+    assert code == 2 and "--whole reads a graph in DGL's chunked format" in err

@@ -136,7 +136,8 @@ def test_good_settings_pass() -> None:
                      {"dataset": "files", "files_path": "/g.npz", "task": "link_prediction"},
                      {"memory_max": "80%", "cpu_quota": "400%", "fan_out": [-1, 5]},
                      {"node_data_names": {"paper": {"feat": "features"}}, "program": PROGRAM},
-                     {"partition_builder": "mpi", "mpi": True, "ssh_mesh": True}):
+                     {"partition_builder": "mpi", "mpi": True, "ssh_mesh": True},
+                     {"partition_builder": "mpi", "mpi": True, "ssh_mesh": True, "dataset": "synthetic-hetero"}):
         assert planned(**settings)["errors"] == [], settings
 
 

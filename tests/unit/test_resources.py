@@ -22,6 +22,11 @@ def test_estimates_follow_the_measured_peaks():
     assert memory_estimate("lean", nodes, edges, 100) < 12 * GB
     # Two parts built at once (2 cores): 9410 MB measured.
     assert 9.2 * GB < memory_estimate("lean", nodes, edges, 100, 2, builders=2) < 12 * GB
+    # Features dominate (160k nodes x 2048, 1.5M edges): one builder peaked at 3025 MB, two at 4227 MB; each part
+    # being built holds its node data about twice.
+    wide = 160_000, 1_538_940, 2048
+    assert 2.95 * GB < memory_estimate("lean", *wide, 2, builders=1) < 3.6 * GB
+    assert 4.13 * GB < memory_estimate("lean", *wide, 2, builders=2) < 5 * GB
     # 1M nodes / 24M edges: partition_graph peaked at 5.5 GB, prepare at 1.6 GB.
     assert 5 * GB < memory_estimate("dgl", 1_000_000, 23_980_772, 100) < 7 * GB
     assert 1.5 * GB < memory_estimate("prepare", 1_000_000, 23_980_772, 100) < 2.5 * GB

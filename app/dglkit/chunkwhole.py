@@ -1,0 +1,56 @@
+"""`dglkit prepare --dataset chunked --path DIR --whole`: a graph in DGL's chunked format read whole into graph.dgl,
+for the single-host builders (lean, dgl, distributed) when it fits the storage host.
+
+The graph is the chunks as given: no reverse edges added, node data under its own names and dtypes, homogeneous
+or heterogeneous (one DGL type per metadata type), so that a partition of it and the mpi builder's partition of
+the same chunks are partitions of one graph. Edge data is refused, as the mpi builder refuses it.
+"""
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dglkit import chunked
+from dglkit.common import UserError
+from dglkit.progress import PROGRESS
+from dglkit.resources import check_fits, memory_estimate
+
+
+def check_memory(described: dict[str, Any], out: Path, memory_gb: float | None) -> None:
+    """Refuse, before reading a chunk, a graph whose whole read does not fit this host."""
+    nodes, edges, feat_dim = described["num_nodes"], described["num_edges"], described["feat_dim"]
+    check_fits(f"reading the chunked graph whole ({nodes} nodes, {edges} edges)",
+               memory_estimate("prepare", nodes, edges, feat_dim), 16 * edges + nodes * (4 * feat_dim + 11), out,
+               memory_gb, ways_out="partition it without reading it whole (dgl_job_partition_builder: mpi), or "
+               "prepare on a storage host with more memory")
+
+
+def read_graph(graph: chunked.ChunkedGraph):
+    """The DGL graph of every chunk, read one file at a time (each checked as `chunked check` checks it)."""
+    import dgl
+    import torch
+
+    if graph.edge_data:
+        raise UserError(f"{graph.root / chunked.METADATA}: edge_data ({', '.join(graph.edge_data)}) is not carried "
+                        "into the partition: read a copy of metadata.json without edge_data")
+    files = len(graph.edge_types) + sum(len(names) for names in graph.node_data.values())
+    PROGRESS.phase("read the chunks whole", total=files, unit="arrays")
+    edges = {}
+    for etype in graph.edge_types:
+        pairs = [chunked.read_edges(graph, etype, chunk) for chunk in range(len(graph.edge_chunks[etype]))]
+        edges[tuple(etype.split(":"))] = tuple(torch.from_numpy(np.concatenate(side)) for side in zip(*pairs))
+        PROGRESS.step(len(edges))
+    if graph.heterogeneous:
+        g = dgl.heterograph(edges, num_nodes_dict=graph.num_nodes, idtype=torch.int64)
+    else:
+        g = dgl.graph(next(iter(edges.values())), num_nodes=graph.num_nodes[graph.node_types[0]], idtype=torch.int64)
+    done = len(edges)
+    for ntype, names in graph.node_data.items():
+        for name in names:
+            chunks = [chunked.read_node_data(graph, ntype, name, chunk)
+                      for chunk in range(len(graph.node_chunks[ntype]))]
+            g.nodes[ntype].data[name] = torch.from_numpy(np.concatenate(chunks))
+            done += 1
+            PROGRESS.step(done)
+    return g
