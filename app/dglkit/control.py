@@ -357,7 +357,7 @@ def ready(args: argparse.Namespace) -> dict[str, Any]:
         if args.launch_config is not None:
             from dglkit.launcher.preflight import check_ahead  # psutil and the launcher's modules: workers only
 
-            answer["launch"] = check_ahead(args.launch_config, args.node_name)
+            answer["launch"] = check_ahead(args.launch_config, args.node_name, answer["unit"]["running"])
         if args.job_dir and holder is None:
             answer["previous"] = earlier_run(args.job_dir, [node for node in args.nodes.split(",") if node],
                                              args.stale_after)

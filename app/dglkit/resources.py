@@ -80,6 +80,20 @@ def lean_builders(num_nodes: int, num_edges: int, feat_dim: int, num_parts: int,
                 if memory_estimate("lean", num_nodes, num_edges, feat_dim, num_parts, k) <= have], default=1)
 
 
+# A training node (`dglkit launch`): its main server reads its part's node data and copies it into shared memory
+# (DGL's server: both are alive until the copy ends), and holds the part's structure there; every other process
+# (backup servers, trainers, samplers) holds the imports and its mini-batches. 2.4 GB estimated against 2.5 GB
+# measured (its working set, file cache included) for a 0.7 GB part, one trainer (tests/e2e/test_mpi_partition.py).
+TRAINING_NODE_DATA_COPIES = 2
+TRAINING_PROCESS = 0.4 * GB
+
+
+def training_estimate(node_data_bytes: int, graph_bytes: int, processes: int) -> int:
+    """Peak bytes of one node of a training job: its part's node data and structure files' sizes, and its
+    processes besides the main server."""
+    return int(BASE + TRAINING_NODE_DATA_COPIES * node_data_bytes + graph_bytes + processes * TRAINING_PROCESS)
+
+
 def host_memory() -> tuple[int, str]:
     """Bytes this process can still use: the kernel's MemAvailable, or less when a memory cgroup caps it
     (containers, systemd units with MemoryMax=); and how that figure was found."""

@@ -71,10 +71,11 @@ def test_the_pre_flight_checks_job_json_ahead_but_leaves_the_earlier_run_and_the
     job_dir = tmp_path / "job"
     config = {"local": True, "part_config": str(partition_1), "job_dir": str(job_dir), "program_dir": str(PROGRAM),
               "server_port": free_ports(2), "master_port": free_ports(1), "command": COMMAND}
-    assert preflight.check_ahead(config, "n1") == {"checked": True, "error": None}
+    assert preflight.check_ahead(config, "n1", False) == {"checked": True, "error": None}
     # The placeholders, the command's programs and script: as `launch --check` says.
-    assert "unknown placeholder(s) {graf}" in preflight.check_ahead({**config, "command": COMMAND + " {graf}"}, "n1")["error"]
-    assert "train.py, which is not in" in preflight.check_ahead({**config, "command": "python3 train.py"}, "n1")["error"]
+    bad_placeholder = preflight.check_ahead({**config, "command": COMMAND + " {graf}"}, "n1", False)
+    assert "unknown placeholder(s) {graf}" in bad_placeholder["error"]
+    assert "train.py, which is not in" in preflight.check_ahead({**config, "command": "python3 train.py"}, "n1", False)["error"]
     # An earlier run that failed or was stopped: train.yml moves its FAILED and STOP to history/ before the start.
     job_dir.mkdir()
     (job_dir / "FAILED").write_text(json.dumps({"node": "n1", "attempt": 1}))
@@ -82,10 +83,10 @@ def test_the_pre_flight_checks_job_json_ahead_but_leaves_the_earlier_run_and_the
     with socket.socket() as holder:  # the server port in use: `control ready` judges the ports (an attach is no fault)
         holder.bind(("127.0.0.1", config["server_port"]))
         holder.listen()
-        assert preflight.check_ahead(config, "n1") == {"checked": True, "error": None}
+        assert preflight.check_ahead(config, "n1", False) == {"checked": True, "error": None}
     # A partition still to be made: train.yml runs `launch --check` once it is there.
     unmade = {**config, "part_config": str(tmp_path / "none.json")}
-    assert preflight.check_ahead(unmade, "n1") == {"checked": False, "error": None}
+    assert preflight.check_ahead(unmade, "n1", False) == {"checked": False, "error": None}
 
 
 @pytest.mark.parametrize("command, expected", [

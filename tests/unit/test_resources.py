@@ -1,5 +1,7 @@
-"""Memory estimates: `prepare` and `partition` refuse, before writing anything, a run the host cannot hold."""
+"""Memory estimates: `prepare` and `partition` refuse, before writing anything, a run the host cannot hold, and
+the job's pre-flight a node that cannot hold its part while training."""
 
+import json
 import os
 import subprocess
 import sys
@@ -8,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from dglkit.resources import GB, lean_builders, memory_estimate
+from dglkit.resources import GB, lean_builders, memory_estimate, training_estimate
+from localjob import free_ports
 
 APP = Path(__file__).resolve().parents[2] / "app"
 MEMORY_CGROUPS = Path("/sys/fs/cgroup/memory")
@@ -94,3 +97,28 @@ def test_partition_refuses_under_a_real_cgroup_memory_limit(memory_cgroup, synth
                           env={**os.environ, "PYTHONPATH": str(APP)}, timeout=120)
     assert proc.returncode == 2, proc.stderr
     assert "memory cgroup limit 0.4 GB" in proc.stderr and not out.exists()
+
+
+def test_training_estimate_follows_the_measured_peak():
+    # 160k nodes x 2048 features on 2 workers, one trainer: a worker's working set peaked at 2.5 GB (file cache
+    # included) with 0.69 GB of node data and 31 MB of structure in its part.
+    assert 2.3 * GB < training_estimate(int(0.69 * GB), 31 * 2**20, 1) < 3 * GB
+
+
+def test_a_node_too_small_to_train_on_its_part_is_refused_unless_the_job_runs_there(memory_cgroup, partition_1,
+                                                                                     tmp_path):
+    """The pre-flight under a real cgroup memory limit: refused with the figures and the ways out; a job that
+    runs on the node already (train.yml attaching to it) holds that memory, which is then not judged."""
+    (memory_cgroup / "memory.limit_in_bytes").write_text(str(700 * 2**20))
+    config = {"local": True, "part_config": str(partition_1), "job_dir": str(tmp_path / "job"),
+              "server_port": free_ports(2), "master_port": free_ports(1)}
+    code = ("import json, sys; from dglkit.launcher import preflight; config = json.loads(sys.argv[1]); "
+            "print(json.dumps([preflight.check_ahead(config, 'n1', running) for running in (False, True)]))")
+    script = f'echo $$ > {memory_cgroup}/cgroup.procs && exec "$@"'
+    proc = subprocess.run(["sh", "-c", script, "sh", sys.executable, "-c", code, json.dumps(config)],
+                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(APP)}, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    refused, attached = json.loads(proc.stdout)
+    assert refused["checked"] and "n1 needs about 1.0 GB of memory to train on part 0" in refused["error"], refused
+    assert "memory cgroup limit 0.7 GB" in refused["error"] and "more workers (smaller parts)" in refused["error"]
+    assert attached == {"checked": True, "error": None}

@@ -16,6 +16,7 @@ from dglkit.blame import failed_file, restart_refused
 from dglkit.common import UserError, check_machine_count, read_partition_config
 from dglkit.launcher.command import BUILTIN_COMMAND, check_executables, expand, graph_name, in_program_dir
 from dglkit.launcher.options import DEFAULTS, check_numbers, settings
+from dglkit.resources import GB, host_memory, training_estimate
 from dglkit.settings import SETTINGS
 
 
@@ -117,10 +118,30 @@ def job_command(cfg: argparse.Namespace, values: dict[str, Any], program_dir: Pa
     return command, path
 
 
-def preflight(cfg: argparse.Namespace, ahead: bool = False) -> dict:
+def check_memory(cfg: argparse.Namespace, part_config: Path, partition: dict[str, Any], machine_id: int) -> None:
+    """Refuse a node whose available memory cannot hold its part while its server loads it, with the figures."""
+    part = partition.get(f"part-{machine_id}", {})
+    node_data, graph = (file_size(part_config.parent / str(part.get(key, ""))) for key in ("node_feats", "part_graph"))
+    processes = cfg.num_servers - 1 + cfg.num_trainers * (1 + cfg.num_samplers)
+    need = training_estimate(node_data, graph, processes)
+    have, source = host_memory()
+    if need > have:
+        raise UserError(
+            f"{cfg.node_name} needs about {need / GB:.1f} GB of memory to train on part {machine_id} (its server "
+            f"holds the part's {node_data / GB:.2f} GB of node data twice while loading it, and {processes} more "
+            f"processes run); it has {have / GB:.1f} GB available ({source}). Ways out: more workers (smaller parts), "
+            "fewer trainers or samplers per node, or a host with more memory")
+
+
+def file_size(path: Path) -> int:
+    return path.stat().st_size if path.is_file() else 0
+
+
+def preflight(cfg: argparse.Namespace, ahead: bool = False, memory: bool = True) -> dict:
     """Every check that can fail before anything starts; returns the derived layout of the job. `ahead`: train.yml's
     pre-flight, before it makes the job directory for this run (an earlier run's FAILED and STOP then move to
-    history/) and with the ports judged by `dglkit control ready` (which knows whether the job runs already)."""
+    history/) and with the ports judged by `dglkit control ready` (which knows whether the job runs already).
+    `memory`: whether this node's memory is there for the job (not while the job runs already)."""
     if not cfg.job_dir:
         raise UserError("no job directory: pass --job-dir or --config <job dir>/job.json")
     if not cfg.part_config:
@@ -141,6 +162,8 @@ def preflight(cfg: argparse.Namespace, ahead: bool = False) -> dict:
     interfaces = local_interfaces()
     machine_id = this_machine(cfg, machines, ip_config, interfaces)
     address, port = machines[machine_id]
+    if memory:
+        check_memory(cfg, part_config, partition, machine_id)
     for s in range(cfg.num_servers if not ahead else 0):
         check_port_free(address, port + s, f"DGL server {s}")
     if machine_id == 0 and not ahead:
@@ -161,14 +184,15 @@ def preflight(cfg: argparse.Namespace, ahead: bool = False) -> dict:
             "ifname": interfaces.get(address, "lo"), "node_dir": job_dir / "nodes" / cfg.node_name}
 
 
-def check_ahead(config: dict[str, Any], node_name: str) -> dict[str, Any]:
+def check_ahead(config: dict[str, Any], node_name: str, running: bool) -> dict[str, Any]:
     """`--check` on job.json's content before train.yml writes the file (`dglkit control ready`: one round trip
-    fewer). {"checked": false} while the partition is still to be made: train.yml then runs `--check` after it."""
+    fewer). {"checked": false} while the partition is still to be made: train.yml then runs `--check` after it.
+    `running`: a job runs on this node already (its memory is in use)."""
     cfg = settings(argparse.Namespace(config=None, node_name=node_name), config)
     if not cfg.part_config or not Path(cfg.part_config).is_file():
         return {"checked": False, "error": None}
     try:
-        preflight(cfg, ahead=True)
+        preflight(cfg, ahead=True, memory=not running)
     except UserError as error:
         return {"checked": True, "error": str(error)}
     return {"checked": True, "error": None}
