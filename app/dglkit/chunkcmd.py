@@ -24,6 +24,7 @@ import numpy as np
 from dglkit import chunked, chunkgen, data
 from dglkit.common import UserError, emit_result, peak_rss_mb, read_json, write_json
 from dglkit.progress import PROGRESS
+from dglkit.resources import MEMORY_HELP, check_fits, chunk_writer_estimate
 
 MANIFESTS = "manifests"
 # The labelled type's node data, one array per chunk each.
@@ -42,6 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     generate.add_argument("--seed", type=int, default=data.setting_default("seed"),
                           help="seed of the generator (%(default)s)")
     data.add_synthetic_arguments(generate)
+    generate.add_argument("--memory-gb", type=float, help=MEMORY_HELP)
     finish = actions.add_parser("finish", help="write metadata.json once every chunk is written")
     finish.add_argument("--out", required=True, type=Path, help="the chunked graph's directory")
     check = actions.add_parser("check", help="read and check chunks of a chunked graph against its metadata.json")
@@ -74,14 +76,27 @@ def run(args: argparse.Namespace) -> int:
     if max(chunks) >= params["num_chunks"]:
         raise UserError(f"--chunks {args.chunks}: chunk indices run from 0 to --num-chunks - 1 = "
                         f"{params['num_chunks'] - 1}")
+    pending = [chunk for chunk in chunks if not is_written(args.out, params, chunk)]
+    if pending:
+        check_writer_fits(params, pending, args.out, args.memory_gb)
     start = time.perf_counter()
-    written = [chunk for chunk in chunks if write_chunk(args.out, params, chunk)]
+    written = [chunk for chunk in pending if write_chunk(args.out, params, chunk)]
     changed = bool(written)
     if args.chunks is None:
         changed = finish(args.out) or changed
     emit_result({"changed": changed, "out": str(args.out), "written_chunks": written,
                  "seconds": round(time.perf_counter() - start, 2), "peak_rss_mb": round(peak_rss_mb())})
     return 0
+
+
+def check_writer_fits(params: dict[str, Any], chunks: list[int], out: Path, memory_gb: float | None) -> None:
+    """Refuse, before writing anything, a chunk this host cannot hold or store (each is written alone)."""
+    counts = chunkgen.chunk_counts(params["num_nodes"], params["num_chunks"])
+    largest = max(counts[chunk] for chunk in chunks)
+    memory, disk = chunk_writer_estimate(largest, params["avg_degree"], params["feat_dim"])
+    check_fits(f"writing a chunk of {largest} nodes", memory, disk * len(chunks), out, memory_gb,
+               ways_out="more chunks, each smaller (with dgl_job_partition_builder: mpi, one per worker: more "
+               "workers), or a host with more memory")
 
 
 def generate_params(args: argparse.Namespace) -> dict[str, Any]:
@@ -105,12 +120,17 @@ def node_file(ntype: str, name: str, chunk: int) -> str:
     return f"node_data/{ntype}/{name}-{chunk}.npy"
 
 
+def is_written(out: Path, params: dict[str, Any], chunk: int) -> bool:
+    """Whether the chunk's manifest (written last) says it is written with these parameters."""
+    old = read_json(manifest_path(out, chunk))
+    return bool(old and old.get("params") == params)
+
+
 def write_chunk(out: Path, params: dict[str, Any], chunk: int) -> bool:
     """Chunk `chunk`'s files, one array in memory at a time; False when its manifest says it is written."""
-    manifest = manifest_path(out, chunk)
-    old = read_json(manifest)
-    if old and old.get("params") == params:
+    if is_written(out, params, chunk):
         return False
+    manifest = manifest_path(out, chunk)
     (out / MANIFESTS).mkdir(parents=True, exist_ok=True)
     manifest.unlink(missing_ok=True)
     (out / chunked.METADATA).unlink(missing_ok=True)  # never a metadata.json over chunks of other parameters

@@ -80,6 +80,21 @@ def lean_builders(num_nodes: int, num_edges: int, feat_dim: int, num_parts: int,
                 if memory_estimate("lean", num_nodes, num_edges, feat_dim, num_parts, k) <= have], default=1)
 
 
+# `dglkit chunked generate`, per chunk (one array in memory at a time; BENCHMARKS.md §10): numpy and pandas, then
+# per node of the chunk its float32 features, 24 bytes per edge of its average degree (int64 ends and their
+# temporaries) and its labels and masks. 324 MB estimated against 305 measured for 250k nodes of degree 20 and 100
+# features, 776 against 728 for 80k nodes of degree 10 and 2048 features.
+CHUNK_BASE = 0.1 * GB
+CHUNK_PER_DEGREE = 24
+
+
+def chunk_writer_estimate(chunk_nodes: int, avg_degree: float, feat_dim: int) -> tuple[int, int]:
+    """(peak memory bytes, bytes on disk) of writing one chunk of the synthetic graphs (of the heterogeneous one,
+    `chunk_nodes` papers, whose features and citations are its largest arrays)."""
+    memory = CHUNK_BASE + chunk_nodes * (4 * feat_dim + CHUNK_PER_DEGREE * avg_degree + 16)
+    return int(memory), int(chunk_nodes * (4 * feat_dim + 16 * avg_degree + 11))
+
+
 # A training node (`dglkit launch`): its main server reads its part's node data and copies it into shared memory
 # (DGL's server: both are alive until the copy ends), and holds the part's structure there; every other process
 # (backup servers, trainers, samplers) holds the imports and its mini-batches. 2.4 GB estimated against 2.5 GB

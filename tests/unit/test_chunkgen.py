@@ -149,3 +149,16 @@ def test_heterogeneous_graph_is_shaped_like_ogbn_mag(cli, tmp_path):
 def test_refuses_bad_arguments_before_writing(cli, tmp_path, args, expected):
     code, _, err = cli("chunked", "generate", "--out", tmp_path / "g", *SMALL, *args)
     assert code == 2 and expected in err and not (tmp_path / "g").exists()
+
+
+def test_a_chunk_larger_than_the_memory_is_refused_before_writing_and_a_written_one_is_not_judged(cli, tmp_path):
+    args = ["--num-chunks", "2", "--num-nodes", "200000", "--feat-dim", "1024"]
+    code, _, err = cli("chunked", "generate", "--out", tmp_path / "g", *args, "--chunks", "1", "--memory-gb", "0.5")
+    # 100k nodes: 0.1 GB and 100k x (4 x 1024 + 24 x 10 + 16) bytes.
+    assert code == 2 and "writing a chunk of 100000 nodes needs about 0.5 GB of memory" in err, err
+    assert "more chunks, each smaller" in err and not (tmp_path / "g").exists()
+    small = ["--num-chunks", "2", "--num-nodes", "2000", "--feat-dim", "8"]
+    assert cli("chunked", "generate", "--out", tmp_path / "s", *small, "--chunks", "0")[0] == 0
+    # Written already: a re-run writes nothing and checks no memory.
+    code, again, err = cli("chunked", "generate", "--out", tmp_path / "s", *small, "--chunks", "0", "--memory-gb", "0.01")
+    assert code == 0 and again["written_chunks"] == [] and not again["changed"], err
