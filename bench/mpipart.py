@@ -4,7 +4,11 @@ growing size: wall time, peak RSS of each rank and of the lean process, bytes pe
 (peak RSS over what importing DGL takes, / (edges / ranks)) and the edge cut of each. Appends to bench/results/mpipart.jsonl.
 
     .venv/bin/python bench/mpipart.py --sizes 100k,300k --ranks 2,4
+    .venv/bin/python bench/mpipart.py --sizes 300k,1M --ranks 2 --directed
     .venv/bin/python bench/mpipart.py --quick
+
+--directed keeps one direction of each of the synthetic graph's edges (src < dst), as a citation graph such as
+ogbn-papers100M lists its edges: half the edges, each of which the assignment still takes in both directions.
 
 Ranks = parts. On this host the ranks share its cores: wall times say what the exchange costs, not what W hosts
 would take. A rank's peak includes the ~0.4 GB of importing DGL and torch (mpibuild writes DGL's files).
@@ -16,6 +20,8 @@ import os
 import shutil
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 import benchlib
 
@@ -39,13 +45,34 @@ def per_edge(peak_mb: float, base_mb: float, edges: float) -> float:
     return round((peak_mb - base_mb) * 2**20 / edges, 1)
 
 
-def run_size(args: argparse.Namespace, size: str, ranks: int, base: int) -> dict[str, Any]:
-    data, work = args.workdir / f"data-{size}", args.workdir / f"{size}-{ranks}"
+def prepare(args: argparse.Namespace, size: str) -> Path:
+    """The synthetic graph's dataset with its arrays (with --directed, the graph of one direction per edge)."""
+    data = args.workdir / f"data-{size}"
     if not (data / "dataset.json").is_file():
-        prepare = benchlib.measure([benchlib.PYTHON, "-m", "dglkit", "prepare", "--dataset", "synthetic", "--out",
-                                    str(data), "--num-nodes", str(SIZES[size]), "--avg-degree", "25", "--feat-dim",
-                                    str(args.feat_dim), "--arrays", "--memory-gb", "0"])
-        assert prepare["returncode"] == 0, prepare["stderr_tail"]
+        run = benchlib.measure([benchlib.PYTHON, "-m", "dglkit", "prepare", "--dataset", "synthetic", "--out",
+                                str(data), "--num-nodes", str(SIZES[size]), "--avg-degree", "25", "--feat-dim",
+                                str(args.feat_dim), "--arrays", "--memory-gb", "0"])
+        assert run["returncode"] == 0, run["stderr_tail"]
+    if not args.directed:
+        return data
+    directed = args.workdir / f"data-{size}-directed"
+    if not (directed / "dataset.json").is_file():
+        arrays = data / "arrays"
+        src, dst = (np.load(arrays / f"{end}.npy") for end in ("src", "dst"))
+        files = directed.with_name(directed.name + "-files")
+        files.mkdir(parents=True, exist_ok=True)
+        np.save(files / "edges.npy", np.stack([src[src < dst], dst[src < dst]], axis=1))
+        for name in ("feat", "labels", "train_mask", "val_mask", "test_mask"):
+            np.save(files / f"{name}.npy", np.load(arrays / f"node_{name}.npy"))
+        run = benchlib.measure([benchlib.PYTHON, "-m", "dglkit", "prepare", "--dataset", "files", "--path", str(files),
+                                "--out", str(directed), "--arrays", "--memory-gb", "0"])
+        assert run["returncode"] == 0, run["stderr_tail"]
+        shutil.rmtree(files)
+    return directed
+
+
+def run_size(args: argparse.Namespace, size: str, ranks: int, base: int) -> dict[str, Any]:
+    data, work = prepare(args, size), args.workdir / f"{size}-{ranks}"
     num_edges = json.loads((data / "dataset.json").read_text())["num_edges"]
     shutil.rmtree(work, ignore_errors=True)
     lean = benchlib.measure([benchlib.PYTHON, "-m", "dglkit", "partition", "--dataset-dir", str(data), "--out",
@@ -105,6 +132,7 @@ def main() -> None:
     parser.add_argument("--batch-edges", type=int, help="the programs' --batch-edges (default: theirs)")
     parser.add_argument("--python", default=benchlib.PYTHON, help="the ranks' Python (with mpi4py)")
     parser.add_argument("--workdir", type=Path, default=Path("/var/tmp/dglkit-bench/mpipart"))
+    parser.add_argument("--directed", action="store_true", help="one direction of each edge (module docstring)")
     benchlib.add_common_arguments(parser, "20k nodes, 2 ranks")
     args = benchlib.parse(parser, "mpipart", print_table)
     if args is None:
@@ -117,7 +145,7 @@ def main() -> None:
     for size in sizes:
         for count in ranks:
             benchlib.report("mpipart", {"size": size, "nodes": SIZES[size], "ranks": count, "feat_dim": args.feat_dim,
-                                        "batch_edges": args.batch_edges},
+                                        "batch_edges": args.batch_edges, "directed": args.directed},
                             run_size(args, size, count, base))
 
 
