@@ -351,7 +351,7 @@ def send_edges(comm: Any, data: Input, starts: np.ndarray, table: np.ndarray, ed
     first_id, width = int(edge_starts[rank]), edge_words(data)
     segments, next_ids = data.segment_starts(size), bases.copy()  # the next edge's of each segment
     inner = np.empty((int(edge_starts[rank + 1]) - first_id, 3 + width), np.int64)
-    payload = data.edge_data_batches(rank, size, batch, width) if isinstance(data, ChunkedInput) and width else None
+    payload = data.edge_data_batches(rank, size, batch, width) if width else None
     candidates, cut = [], 0
     for first, src_rows, dst_rows, src in ends(comm, data, starts, table, batch):
         next_id = next_ids[segment_of(segments, first)]

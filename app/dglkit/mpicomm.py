@@ -146,8 +146,10 @@ class ArraysInput:
         self.fingerprint: str | None = dataset.get("fingerprint")
         self.types = Types.homogeneous(self.num_nodes, self.num_edges)
         self.node_data_items = [(0, name) for name in self.node_data]  # (node type's place, name)
-        self.edge_data: list[str] = []
-        self.edge_formats: list[list[tuple[str, RowFormat]]] = [[]]  # arrays/ hold no edge data
+        # The one edge type's data (edge_<name>.npy), in the order their words follow each other.
+        self.edge_formats: list[list[tuple[str, RowFormat]]] = [[
+            (name, RowFormat(array.dtype, array.shape[1:])) for name in dataset["arrays"].get("edge_data", [])
+            for array in [np.load(self.dir / f"edge_{name}.npy", mmap_mode="r")]]]
 
     def segment_types(self, size: int) -> np.ndarray:
         return np.zeros(size, np.int64)
@@ -176,6 +178,13 @@ class ArraysInput:
 
     def node_rows(self, name: str, begin: int, end: int) -> np.ndarray:
         return np.asarray(np.load(self.dir / f"node_{name}.npy", mmap_mode="r")[begin:end])
+
+    def edge_data_batches(self, rank: int, size: int, batch: int, width: int) -> Iterator[np.ndarray]:
+        """Each edge_batches batch's edge data (packed_rows)."""
+        columns = [(fmt, np.load(self.dir / f"edge_{name}.npy", mmap_mode="r")) for name, fmt in self.edge_formats[0]]
+        begin, end = self.edge_range(rank, size)
+        for first in range(begin, end, batch):
+            yield packed_rows(columns, first, min(first + batch, end), width)
 
 
 def open_input(dataset_dir: Path) -> "Input":
@@ -206,7 +215,6 @@ class ChunkedInput:
             self.types = Types.homogeneous(self.num_nodes, self.num_edges)
         self.node_data_items = [(t, name) for t, ntype in enumerate(graph.node_types)  # (node type's place, name)
                                 for name in graph.node_data.get(ntype, {})]
-        self.edge_data = [f"{etype}/{name}" for etype, names in graph.edge_data.items() for name in names]
         # Per edge type (metadata order): its data's names and formats, in the order their words follow each other.
         self.edge_formats = [[(name, self.data_format("edge", etype, name)) for name in graph.edge_data.get(etype, {})]
                              for etype in graph.edge_types]
@@ -281,19 +289,25 @@ class ChunkedInput:
                 yield np.arange(first + begin, first + end, dtype=np.int64), np.asarray(rows[begin:end])
 
     def edge_data_batches(self, rank: int, size: int, batch: int, width: int) -> Iterator[np.ndarray]:
-        """Each edge_batches batch's edge data, a row per edge: the words of its type's data one after another
-        (edge_formats' order), zero-padded to `width` words (the widest type's)."""
+        """Each edge_batches batch's edge data (packed_rows)."""
         for etype, chunk in self.chunks[rank::size]:
             fields = self.edge_formats[self.graph.edge_types.index(etype)]
             columns = [(fmt, self.data_rows("edge", etype, name, chunk)) for name, fmt in fields]
             count = self.graph.edge_chunks[etype][chunk]
             for begin in range(0, count, batch):
-                packed = np.zeros((min(batch, count - begin), width), np.int64)
-                offset = 0
-                for fmt, rows in columns:
-                    packed[:, offset:offset + fmt.words] = fmt.pack(np.asarray(rows[begin:begin + batch]))
-                    offset += fmt.words
-                yield packed
+                yield packed_rows(columns, begin, min(begin + batch, count), width)
+
+
+def packed_rows(columns: list[tuple[RowFormat, np.ndarray]], begin: int, end: int, width: int) -> np.ndarray:
+    """Rows begin .. end - 1 of an edge type's data arrays as they travel with their edges: a row per edge, the
+    words of each array's row one after another (edge_formats' order), zero-padded to `width` words (the widest
+    type's)."""
+    packed = np.zeros((end - begin, width), np.int64)
+    offset = 0
+    for fmt, rows in columns:
+        packed[:, offset:offset + fmt.words] = fmt.pack(np.asarray(rows[begin:end]))
+        offset += fmt.words
+    return packed
 
 
 # What the MPI programs read: a dataset's arrays/ or a chunked graph.

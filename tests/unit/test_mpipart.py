@@ -369,6 +369,35 @@ def test_edge_data_goes_with_its_edges_where_partition_graph_and_the_lean_builde
         np.testing.assert_array_equal(ours["_N:_E:_N/weight"], g.edata["weight"].numpy()[ours["ids"]])
 
 
+def test_edge_data_of_a_whole_read_with_arrays_goes_as_from_graph_dgl(edge_data_dataset, tmp_path):
+    """The chunks read whole with --arrays (edge_<name>.npy beside node_<name>.npy): the mpi builder on those
+    arrays (2 ranks, 700 edges a round) and `partition --builder distributed`, step by step, write the same files,
+    edge data included, as the lean builder from graph.dgl for their assignments."""
+    whole = tmp_path / "whole"
+    build("prepare", "--dataset", "chunked", "--path", chunks_of(edge_data_dataset), "--out", whole, "--whole",
+          "--arrays")
+    assert sorted(json.loads((whole / "dataset.json").read_text())["arrays"]["edge_data"]) == ["pair", "weight"]
+    mpirun(2, "mpiassign", "--dataset-dir", whole, "--out", tmp_path / "assignment", "--num-parts", 2)
+    mpirun(2, "mpibuild", "--dataset-dir", whole, "--assignment", tmp_path / "assignment", "--out", tmp_path / "mpi",
+           "--batch-edges", 700)
+    dist = tmp_path / "dist"
+    build("partition", "--dataset-dir", whole, "--out", dist, "--num-parts", 2, "--builder", "distributed",
+          "--step", "assign")
+    assignments = {"mpi": load_assignment(tmp_path / "assignment"), "dist": np.load(dist / "assignment.npy")}
+    for part in range(2):
+        build("partition", "--dataset-dir", whole, "--out", dist, "--num-parts", 2, "--builder", "distributed",
+              "--step", "part", "--part", part)
+    build("partition", "--dataset-dir", whole, "--out", dist, "--num-parts", 2, "--builder", "distributed",
+          "--step", "finish")
+    for name, assignment in assignments.items():
+        lean = tmp_path / f"lean-{name}"
+        lean.mkdir()
+        leanpart.build(whole / "graph.dgl", assignment, lean, "graph", 2, "ptscotch" if name == "mpi" else "metis")
+        assert_same_files(tmp_path / name, lean, 2)
+        assert all(set(load_tensors(str(lean / f"part{p}" / "edge_feat.dgl"))) == {"_N:_E:_N/weight", "_N:_E:_N/pair"}
+                   for p in range(2))
+
+
 EDGE_DATA_READER = """\
 import json, sys
 import dgl, torch
