@@ -303,9 +303,9 @@ def test_a_bad_chunk_refuses_the_run_before_any_partitioning(chunked_dataset, tm
 
 @pytest.fixture(scope="module")
 def edge_data_dataset(chunked_dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The chunked graph with edge data (a float32 weight, int64 rows of two), its one node and edge type named
-    `item` and `item:links:item` in metadata.json (a homogeneous graph: DGL's _N, _N:_E:_N in the partition),
-    prepared as a chunked dataset where it is."""
+    """The chunked graph with edge data (a float32 weight, int64 rows of two, a float from csv chunks), its one
+    node and edge type named `item` and `item:links:item` in metadata.json (a homogeneous graph: DGL's _N,
+    _N:_E:_N in the partition), prepared as a chunked dataset where it is."""
     directory = tmp_path_factory.mktemp("edge-data")
     root = directory / "chunks"
     shutil.copytree(chunks_of(chunked_dataset), root)
@@ -319,6 +319,10 @@ def edge_data_dataset(chunked_dataset: Path, tmp_path_factory: pytest.TempPathFa
             np.save(root / "edge_data" / f"{name}-{i}.npy", rows(count))
         files = [f"edge_data/{name}-{i}.npy" for i in range(len(meta["num_edges_per_chunk"][0]))]
         specs[name] = {"format": {"name": "numpy"}, "data": files}
+    for i, count in enumerate(meta["num_edges_per_chunk"][0]):  # a csv chunk per edge chunk too: one float column
+        np.savetxt(root / "edge_data" / f"score-{i}.csv", rng.integers(0, 100, count) / 4, fmt="%.2f")
+    specs["score"] = {"format": {"name": "csv"}, "data": [f"edge_data/score-{i}.csv"
+                                                          for i in range(len(meta["num_edges_per_chunk"][0]))]}
     meta.update(node_type=["item"], edge_type=["item:links:item"], edges={"item:links:item": meta["edges"]["_N:_E:_N"]},
                 node_data={"item": meta["node_data"]["_N"]}, edge_data={"item:links:item": specs})
     (root / "metadata.json").write_text(json.dumps(meta))
@@ -350,7 +354,7 @@ def test_edge_data_goes_with_its_edges_where_partition_graph_and_the_lean_builde
            "--batch-edges", 700)
     build("prepare", "--dataset", "chunked", "--path", chunks, "--out", tmp_path / "whole", "--whole")
     g = dgl.load_graphs(str(tmp_path / "whole" / "graph.dgl"))[0][0]
-    assert set(g.edata) == {"weight", "pair"} and g.edata["pair"].dtype == torch.int64
+    assert set(g.edata) == {"weight", "pair", "score"} and g.edata["pair"].dtype == torch.int64
     assignment = load_assignment(assignment_dir).astype(np.int64)
     (tmp_path / "lean").mkdir()
     leanpart.build(tmp_path / "whole" / "graph.dgl", assignment, tmp_path / "lean", "graph", 2, "ptscotch")
@@ -362,7 +366,8 @@ def test_edge_data_goes_with_its_edges_where_partition_graph_and_the_lean_builde
     for part in range(2):
         ours = inner_edge_data(tmp_path / "mpi" / "graph.json", part, ours_eids)
         theirs = inner_edge_data(tmp_path / "dgl" / "graph.json", part, dgl_eids.numpy())
-        assert set(ours) == set(theirs) == {"ids", "_N:_E:_N/weight", "_N:_E:_N/pair"} and len(ours["ids"])
+        assert set(ours) == set(theirs) == {"ids", "_N:_E:_N/weight", "_N:_E:_N/pair", "_N:_E:_N/score"}
+        assert len(ours["ids"])
         for key, rows in theirs.items():
             assert ours[key].dtype == rows.dtype, key
             np.testing.assert_array_equal(ours[key], rows)
@@ -376,7 +381,7 @@ def test_edge_data_of_a_whole_read_with_arrays_goes_as_from_graph_dgl(edge_data_
     whole = tmp_path / "whole"
     build("prepare", "--dataset", "chunked", "--path", chunks_of(edge_data_dataset), "--out", whole, "--whole",
           "--arrays")
-    assert sorted(json.loads((whole / "dataset.json").read_text())["arrays"]["edge_data"]) == ["pair", "weight"]
+    assert sorted(json.loads((whole / "dataset.json").read_text())["arrays"]["edge_data"]) == ["pair", "score", "weight"]
     mpirun(2, "mpiassign", "--dataset-dir", whole, "--out", tmp_path / "assignment", "--num-parts", 2)
     mpirun(2, "mpibuild", "--dataset-dir", whole, "--assignment", tmp_path / "assignment", "--out", tmp_path / "mpi",
            "--batch-edges", 700)
@@ -394,8 +399,7 @@ def test_edge_data_of_a_whole_read_with_arrays_goes_as_from_graph_dgl(edge_data_
         lean.mkdir()
         leanpart.build(whole / "graph.dgl", assignment, lean, "graph", 2, "ptscotch" if name == "mpi" else "metis")
         assert_same_files(tmp_path / name, lean, 2)
-        assert all(set(load_tensors(str(lean / f"part{p}" / "edge_feat.dgl"))) == {"_N:_E:_N/weight", "_N:_E:_N/pair"}
-                   for p in range(2))
+        assert all(len(load_tensors(str(lean / f"part{p}" / "edge_feat.dgl"))) == 3 for p in range(2))
 
 
 EDGE_DATA_READER = """\
