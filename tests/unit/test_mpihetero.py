@@ -13,6 +13,7 @@ import torch
 
 from dglkit import chunked
 from dglkit.mpiassign import load_assignment
+from dglkit.resources import GB, mpi_rank_estimate
 from localjob import build
 from test_chunked import write_graph
 from test_mpijob import HOSTS, dglkit
@@ -170,10 +171,17 @@ def assert_in_edges_sorted_by_type(g) -> None:
 
 def test_dglkit_mpi_runs_a_heterogeneous_graph_with_edge_data(hetero_chunked, tmp_path):
     """`dglkit mpi check` and `run`, as mpi.yml runs them on the workers: the heterogeneous graph with edge data is
-    accepted and partitioned, and the parts' edge data, in the order of the per-type ID mappings, are the chunks'
-    rows of those edges."""
+    accepted (its memory check counts the edge data) and partitioned, and the parts' edge data, in the order of
+    the per-type ID mappings, are the chunks' rows of those edges."""
     out = tmp_path / "part"
     args = ("--dataset-dir", hetero_chunked, "--out", out, "--num-parts", 2)
+    dataset = json.loads((hetero_chunked / "dataset.json").read_text())
+    widest = max(t["feat_dim"] for t in dataset["node_types"].values())
+    sizes = (dataset["num_nodes"], dataset["num_edges"], max(dataset["feat_dim"], widest))
+    # Two words an edge as the edge data travel: the writes' stamp (6 bytes) and order (1 byte), a word each.
+    between = (mpi_rank_estimate(*sizes, 2) + mpi_rank_estimate(*sizes, 2, 2)) / 2 / GB
+    proc = dglkit("mpi", "check", *args, "--memory-gb", between, check=False)
+    assert proc.returncode == 2 and f"needs about {mpi_rank_estimate(*sizes, 2, 2) / GB:.1f} GB" in proc.stderr
     assert json.loads(dglkit("mpi", "check", *args).stdout.splitlines()[-1])["done"] is False
     dglkit("mpi", "run", "--dataset-dir", hetero_chunked, "--out", out, "--graph-name", "het", "--hosts", HOSTS)
     assert json.loads(dglkit("mpi", "check", *args).stdout.splitlines()[-1])["done"] is True
