@@ -3,7 +3,8 @@ for the single-host builders (lean, dgl, distributed) when it fits the storage h
 
 The graph is the chunks as given: no reverse edges added, node data under its own names and dtypes, homogeneous
 or heterogeneous (one DGL type per metadata type), so that a partition of it and the mpi builder's partition of
-the same chunks are partitions of one graph. Edge data is refused, as the mpi builder refuses it.
+the same chunks are partitions of one graph. Edge data goes on its edges (g.edges[etype].data; a homogeneous graph's
+g.edata), which the lean builder and partition_graph carry as the mpi builder does.
 """
 
 from pathlib import Path
@@ -12,7 +13,6 @@ from typing import Any
 import numpy as np
 
 from dglkit import chunked
-from dglkit.common import UserError
 from dglkit.progress import PROGRESS
 from dglkit.resources import check_fits, memory_estimate
 
@@ -31,10 +31,8 @@ def read_graph(graph: chunked.ChunkedGraph):
     import dgl
     import torch
 
-    if graph.edge_data:
-        raise UserError(f"{graph.root / chunked.METADATA}: edge_data ({', '.join(graph.edge_data)}) is not carried "
-                        "into the partition: read a copy of metadata.json without edge_data")
-    files = len(graph.edge_types) + sum(len(names) for names in graph.node_data.values())
+    files = len(graph.edge_types) + sum(len(names) for data in (graph.node_data, graph.edge_data)
+                                        for names in data.values())
     PROGRESS.phase("read the chunks whole", total=files, unit="arrays")
     edges = {}
     for etype in graph.edge_types:
@@ -46,11 +44,27 @@ def read_graph(graph: chunked.ChunkedGraph):
     else:
         g = dgl.graph(next(iter(edges.values())), num_nodes=graph.num_nodes[graph.node_types[0]], idtype=torch.int64)
     done = len(edges)
-    for ntype, names in graph.node_data.items():
-        for name in names:
-            chunks = [chunked.read_node_data(graph, ntype, name, chunk)
-                      for chunk in range(len(graph.node_chunks[ntype]))]
-            g.nodes[ntype].data[name] = torch.from_numpy(np.concatenate(chunks))
-            done += 1
-            PROGRESS.step(done)
+    for kind, data in (("node", graph.node_data), ("edge", graph.edge_data)):
+        for type_name, names in data.items():
+            for name in names:
+                data_of(g, kind, type_name)[name] = torch.from_numpy(whole_data(graph, kind, type_name, name))
+                done += 1
+                PROGRESS.step(done)
     return g
+
+
+def data_of(g, kind: str, type_name: str):
+    """The data of a node or edge type of g (kind: node, edge); of a homogeneous graph, g.ndata or g.edata (DGL
+    names its one type _N, _N:_E:_N, whatever metadata.json calls it)."""
+    if g.is_homogeneous:
+        return g.ndata if kind == "node" else g.edata
+    return g.nodes[type_name].data if kind == "node" else g.edges[tuple(type_name.split(":"))].data
+
+
+def whole_data(graph: chunked.ChunkedGraph, kind: str, type_name: str, name: str) -> np.ndarray:
+    """Node or edge data (kind: node, edge) of a type, every chunk's rows in order."""
+    if kind == "node":
+        return np.concatenate([chunked.read_node_data(graph, type_name, name, chunk)
+                               for chunk in range(len(graph.node_chunks[type_name]))])
+    return np.concatenate([chunked.read_edge_data(graph, type_name, name, chunk)
+                           for chunk in range(len(graph.edge_chunks[type_name]))])

@@ -69,7 +69,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="chunked: read the graph whole into DIR/graph.dgl, for the single-host builders "
                              "(lean, dgl, distributed), when it fits this host")
     parser.add_argument("--arrays", action="store_true",
-                        help="also write the structure and node data as .npy files in DIR/arrays/, which "
+                        help="also write the structure, node data and edge data as .npy files in DIR/arrays/, which "
                              "`partition --builder distributed` reads in part on each host (homogeneous graphs)")
     links = parser.add_argument_group("link prediction: edges held out of the graph (homogeneous graphs)")
     links.add_argument("--val-edges-frac", type=float, default=0.0,

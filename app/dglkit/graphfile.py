@@ -27,17 +27,19 @@ def save(graph, out: Path, arrays: bool) -> dict[str, Any]:
     if arrays:
         write_arrays(graph, out / ARRAYS)
     return {"graph_file": graph_file.name, "graph_bytes": graph_file.stat().st_size,
-            **({"arrays": {"dir": ARRAYS, "node_data": list(graph.ndata)}} if arrays else {})}
+            **({"arrays": {"dir": ARRAYS, "node_data": list(graph.ndata), "edge_data": list(graph.edata)}}
+               if arrays else {})}
 
 
 def write_arrays(graph, directory: Path) -> None:
-    """src.npy, dst.npy and node_<name>.npy per node data, with the dtypes graph.dgl loads as (masks as 0/1
-    uint8), so that a part built from them equals one built from graph.dgl."""
+    """src.npy, dst.npy, node_<name>.npy per node data and edge_<name>.npy per edge data, with the dtypes
+    graph.dgl loads as (masks as 0/1 uint8), so that a part built from them equals one built from graph.dgl."""
     tmp = directory.with_name(directory.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     files = {f"{name}.npy": ids for name, ids in zip(("src", "dst"), graph.edges())}
     files.update({f"node_{name}.npy": tensor for name, tensor in graph.ndata.items()})
+    files.update({f"edge_{name}.npy": tensor for name, tensor in graph.edata.items()})
     PROGRESS.phase("write arrays/", total=len(files), unit="arrays")
     for done, (name, tensor) in enumerate(files.items(), 1):
         array = tensor.numpy()

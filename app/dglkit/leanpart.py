@@ -11,7 +11,8 @@ every part with its halo in memory at once (about 215 bytes per edge). Here:
    partition_graph does for one hop, the owned nodes' out-edges into other parts, marked not inner (halo
    nodes: the other ends of both).
 The files are the ones partition_graph writes (graph.dgl with _ID/inner_node/part_id and _ID/inner_edge,
-node_feat.dgl, edge_feat.dgl, <graph>.json); DistGraph and dgl_partition_to_graphbolt read them unchanged.
+node_feat.dgl, edge_feat.dgl with the inner edges' data of graph.dgl's edata, <graph>.json); DistGraph and
+dgl_partition_to_graphbolt read them unchanged.
 
 `--builder distributed` (dglkit.partition) runs the same steps on several hosts from a dataset's arrays/
 (memory maps): the assignment from the structure alone, then each part on a worker of its own, reading only
@@ -202,11 +203,13 @@ def build(graph_file: Path, assignment: np.ndarray, out: Path, graph_name: str,
     (graph,), _ = dgl.load_graphs(str(graph_file))
     src, dst = (ids.numpy() for ids in graph.edges())
     ndata = {name: tensor.numpy() for name, tensor in graph.ndata.items()}
+    edata = {name: tensor.numpy() for name, tensor in graph.edata.items()}
     del graph
     layout = Layout.of(assignment, dst, num_parts)
 
     def build_one(p: int) -> dict[str, int]:
-        return build_part(out, p, layout, src, dst, lambda owned: {name: array[owned] for name, array in ndata.items()})
+        return build_part(out, p, layout, src, dst, lambda owned: {name: array[owned] for name, array in ndata.items()},
+                          lambda inner: {name: array[inner] for name, array in edata.items()})
 
     PROGRESS.phase(f"build the parts, {builders} at a time", total=num_parts, unit="parts")
     with ThreadPoolExecutor(builders) as pool:
@@ -219,11 +222,13 @@ def build(graph_file: Path, assignment: np.ndarray, out: Path, graph_name: str,
 
 
 def build_part(out: Path, p: int, layout: Layout, src: np.ndarray, dst: np.ndarray,
-               node_rows: Callable[[np.ndarray], dict[str, np.ndarray]]) -> dict[str, int]:
+               node_rows: Callable[[np.ndarray], dict[str, np.ndarray]],
+               edge_rows: Callable[[np.ndarray], dict[str, np.ndarray]] | None = None) -> dict[str, int]:
     """Write part p (owned nodes, their in-edges and, as partition_graph does for one hop, the owned nodes'
     out-edges into other parts, marked not inner; halo nodes: the other ends of both) and return its counts.
-    node_rows(owned) gives every node data's rows of the owned nodes (sorted original IDs): written first, so
-    that they are not held beside the graph."""
+    node_rows(owned) gives every node data's rows of the owned nodes (sorted original IDs), edge_rows(inner)
+    every edge data's rows of the inner edges (sorted original IDs; none without it): written first, so that
+    they are not held beside the graph."""
     part_dir = out / f"part{p}"
     part_dir.mkdir()
     owned = layout.orig_nids[layout.node_starts[p]:layout.node_starts[p + 1]]
@@ -232,6 +237,9 @@ def build_part(out: Path, p: int, layout: Layout, src: np.ndarray, dst: np.ndarr
     del rows
     num_nodes = len(layout.part)
     inner_eids = np.flatnonzero(layout.dst_part == p)
+    # partition_graph's edge data of a part: its inner edges', in new-ID order (the original order here).
+    write_edge_data(part_dir, {f"_N:_E:_N/{name}": array
+                               for name, array in (edge_rows(inner_eids) if edge_rows else {}).items()})
     outer_eids = np.flatnonzero((layout.dst_part != p) & (layout.part[src] == p))
     member = np.zeros(num_nodes, bool)
     member[owned] = True
@@ -322,13 +330,23 @@ def write_graph(part_dir: Path, p: int, owned: np.ndarray, halo: np.ndarray, inn
 
 def write_node_data(part_dir: Path, rows: dict[str, np.ndarray]) -> int:
     """A part's node_feat.dgl (every node data's rows of its owned nodes of its type, in new-ID order, under
-    DGL's key `<node type>/<name>`) and its empty edge_feat.dgl; return the part's training nodes."""
+    DGL's key `<node type>/<name>`); return the part's training nodes."""
+    save_data(part_dir / "node_feat.dgl", rows)
+    return sum(int(np.count_nonzero(array)) for key, array in rows.items() if key.endswith("/train_mask"))
+
+
+def write_edge_data(part_dir: Path, rows: dict[str, np.ndarray]) -> None:
+    """A part's edge_feat.dgl, as partition_graph writes it: every edge data's rows of the part's inner edges
+    (the in-edges of its nodes) of its type, in new-ID order, under DGL's key `<src:rel:dst>/<name>`
+    (`_N:_E:_N/<name>` for a homogeneous graph); empty for a graph without edge data."""
+    save_data(part_dir / "edge_feat.dgl", rows)
+
+
+def save_data(path: Path, rows: dict[str, np.ndarray]) -> None:
     import torch
     from dgl.data.utils import save_tensors
 
-    save_tensors(str(part_dir / "node_feat.dgl"), {key: torch.from_numpy(array) for key, array in rows.items()})
-    save_tensors(str(part_dir / "edge_feat.dgl"), {})
-    return sum(int(np.count_nonzero(array)) for key, array in rows.items() if key.endswith("/train_mask"))
+    save_tensors(str(path), {key: torch.from_numpy(array) for key, array in rows.items()})
 
 
 def save_part_graph(part_dir: Path, p: int, node_start: int, num_owned: int, halo: np.ndarray, halo_parts: np.ndarray,

@@ -25,7 +25,13 @@ nodes (edges) out type by type, each type's a contiguous range (node_map/edge_ma
 the counts per part and type: parts x types numbers); node data goes under `<node type>/<name>`, graph.dgl
 carries `_TYPE` of its nodes and edges, and the ID mappings are per type, type-local IDs as DGL returns them
 (orig_nids.npz, orig_eids.npz: each rank writes its ranges of one .npy per type, which rank 0 then copies into
-the archive a block at a time). Edge data is not carried: a graph with edge_data is refused.
+the archive a block at a time).
+
+Edge data (a chunked graph's edge_data) travels with its edge: the rank that reads an edge chunk reads the same
+rows of the chunk's data files and sends each row, as int64 words of its bytes (as node data rows go), in the
+edge's own row to its destination's part, which writes edge_feat.dgl as partition_graph does: the data of its
+inner edges (the in-edges of its nodes) in new-ID order, under `<src:rel:dst>/<name>` (`_N:_E:_N/<name>` for a
+homogeneous graph).
 """
 
 import argparse
@@ -104,11 +110,8 @@ class TypedRanges:
 
 
 def check_supported(dataset_dir: Path, data: Input, graphbolt: bool = False) -> None:
-    """What the builder does not carry is refused, not dropped: edge data; GraphBolt graphs of heterogeneous
-    parts (the kit's RGCN trainer samples with DGL's own sampler)."""
-    if data.edge_data:
-        raise UserError(f"{dataset_dir}: the mpi builder does not carry edge data ({', '.join(data.edge_data)}): "
-                        "partition a copy of metadata.json without edge_data (the structure and node data)")
+    """What the builder does not carry is refused, not dropped: GraphBolt graphs of heterogeneous parts (the kit's
+    RGCN trainer samples with DGL's own sampler)."""
     if graphbolt and data.types.heterogeneous:
         raise UserError(f"{dataset_dir} is heterogeneous: the mpi builder writes GraphBolt graphs of homogeneous "
                         "parts only (set dgl_job_graphbolt=false)")
@@ -154,6 +157,7 @@ def program(comm: Any, argv: list[str]) -> int:
     del table
     write_ids(tmp, offsets, "eids", inner[:, 0], edges, rank, data.types)
     PROGRESS.phase("write")
+    leanpart.write_edge_data(part_dir, part_edge_data(inner[:, 3:], data, edges, rank))
     halo = write_part_graph(part_dir, rank, nodes, edges, inner, candidates, data.types.heterogeneous)
     counts = {"part": rank, "nodes": int(node_starts[rank + 1] - node_starts[rank]), "edges": len(inner),
               "train_nodes": train_nodes, "halo_nodes": halo}
@@ -231,27 +235,20 @@ def received_rows(comm: Any, data: ChunkedInput, t: int, name: str, starts: np.n
     nodes for (part, new ID) and sends each row, as int64 words of its bytes after its new ID, to its part.
     Collective."""
     rank, size = comm.Get_rank(), comm.Get_size()
-    dtype, row_shape = data.node_header(t, name)
-    items = int(np.prod(row_shape, dtype=np.int64))
-    row_bytes = dtype.itemsize * items
-    words = -(-row_bytes // 8)
-    per_round = max(1, min(batch, BATCH_ROW_BYTES // (8 * words + 8)))
+    fmt = data.data_format("node", data.graph.node_types[t], name)
+    per_round = max(1, min(batch, BATCH_ROW_BYTES // (8 * fmt.words + 8)))
     mine = sum(-(-count // per_round) for count in data.node_chunks(t, rank, size))
     count = rounds(comm, mine)
     batches = data.node_batches(t, name, rank, size, per_round)
     first, length = block
-    received = np.zeros((length, words), np.int64)
+    received = np.zeros((length, fmt.words), np.int64)
     for done in range(count):
-        ids, rows = next(batches, (np.zeros(0, np.int64), np.zeros((0, *row_shape), dtype)))
+        ids, rows = next(batches, (np.zeros(0, np.int64), np.zeros((0, *fmt.shape), fmt.dtype)))
         PROGRESS.step(done + 1, count)
         placed = lookup(comm, ids, starts, table)
-        packed = np.zeros((len(ids), words), np.int64)
-        packed.view(np.uint8)[:, :row_bytes] = np.ascontiguousarray(rows).reshape(len(ids), items).view(np.uint8)
-        got, _ = exchange(comm, np.concatenate([placed[:, 1:], packed], 1), placed[:, 0])
+        got, _ = exchange(comm, np.concatenate([placed[:, 1:], fmt.pack(rows)], 1), placed[:, 0])
         received[got[:, 0] - first] = got[:, 1:]
-    raw = received.view(np.uint8)
-    raw = raw if raw.shape[1] == row_bytes else np.ascontiguousarray(raw[:, :row_bytes])
-    return raw.view(dtype).reshape(len(raw), *row_shape)
+    return fmt.unpack(received)
 
 
 def npy_header(length: int) -> bytes:
@@ -346,20 +343,24 @@ def segment_of(segments: np.ndarray, first: int) -> int:
 
 def send_edges(comm: Any, data: Input, starts: np.ndarray, table: np.ndarray, edge_starts: np.ndarray,
                bases: np.ndarray, batch: int) -> tuple[np.ndarray, np.ndarray, int]:
-    """This part's in-edges as rows (original ID, new source, new destination), row i the one of new ID
-    edge_starts[p] + i; the other parts' edges out of its nodes into theirs as rows (new ID, new source, new
-    destination) in new-ID order; and how many of this rank's edges join two parts. bases[s, q]: the new ID of
-    segment s's first edge into part q."""
-    first_id = int(edge_starts[comm.Get_rank()])
-    segments, next_ids = data.segment_starts(comm.Get_size()), bases.copy()  # the next edge's of each segment
-    inner = np.empty((int(edge_starts[comm.Get_rank() + 1]) - first_id, 3), np.int64)
+    """This part's in-edges as rows (original ID, new source, new destination, then the words of the edge's
+    data: edge_words), row i the one of new ID edge_starts[p] + i; the other parts' edges out of its nodes into
+    theirs as rows (new ID, new source, new destination) in new-ID order; and how many of this rank's edges join
+    two parts. bases[s, q]: the new ID of segment s's first edge into part q."""
+    rank, size = comm.Get_rank(), comm.Get_size()
+    first_id, width = int(edge_starts[rank]), edge_words(data)
+    segments, next_ids = data.segment_starts(size), bases.copy()  # the next edge's of each segment
+    inner = np.empty((int(edge_starts[rank + 1]) - first_id, 3 + width), np.int64)
+    payload = data.edge_data_batches(rank, size, batch, width) if width else None
     candidates, cut = [], 0
     for first, src_rows, dst_rows, src in ends(comm, data, starts, table, batch):
         next_id = next_ids[segment_of(segments, first)]
         new_eids = numbered(dst_rows[:, 0], next_id)
         next_id += np.bincount(dst_rows[:, 0], minlength=len(next_id))
-        orig = np.arange(first, first + len(src))
-        received, _ = exchange(comm, np.stack([new_eids, orig, src_rows[:, 1], dst_rows[:, 1]], 1), dst_rows[:, 0])
+        rows = [np.stack([new_eids, np.arange(first, first + len(src)), src_rows[:, 1], dst_rows[:, 1]], 1)]
+        if payload is not None:  # the edges' data rows go with them to their part
+            rows.append(next(payload, np.zeros((0, width), np.int64)))
+        received, _ = exchange(comm, np.concatenate(rows, 1), dst_rows[:, 0])
         inner[received[:, 0] - first_id] = received[:, 1:]  # each row at its place: no sort
         crossing = np.flatnonzero(src_rows[:, 0] != dst_rows[:, 0])
         cut += len(crossing)
@@ -368,6 +369,28 @@ def send_edges(comm: Any, data: Input, starts: np.ndarray, table: np.ndarray, ed
         candidates.append(received)
     candidate_rows = np.concatenate(candidates)
     return inner, candidate_rows[np.argsort(candidate_rows[:, 0])], cut
+
+
+def edge_words(data: Input) -> int:
+    """The words of an edge's data as it travels with its edge (send_edges): its type's data one after another,
+    every type's in as many words as the widest type's."""
+    return max(sum(fmt.words for _, fmt in fields) for fields in data.edge_formats)
+
+
+def part_edge_data(payload: np.ndarray, data: Input, edges: TypedRanges, p: int) -> dict[str, np.ndarray]:
+    """Every edge data's rows of part p's edges of its type, as partition_graph stores them: its inner edges (the
+    in-edges of its nodes) in new-ID order, under DGL's key `<src:rel:dst>/<name>` (`_N:_E:_N/<name>` for a
+    homogeneous graph). payload: the words the part's edges came with, row i the edge of new ID edge_starts[p] + i."""
+    result = {}
+    first = int(edges.part_starts()[p])
+    for e, fields in enumerate(data.edge_formats):
+        begin, count = edges.block(p, e)
+        offset = 0
+        for name, fmt in fields:
+            rows = payload[begin - first:begin - first + count, offset:offset + fmt.words]
+            result[f"{data.types.edges[e]}/{name}"] = fmt.unpack(rows)
+            offset += fmt.words
+    return result
 
 
 def write_part_graph(part_dir: Path, p: int, nodes: TypedRanges, edges: TypedRanges, inner: np.ndarray,

@@ -80,6 +80,38 @@ def lookup(comm: Any, ids: np.ndarray, starts: np.ndarray, table: np.ndarray) ->
 
 
 @dataclass(frozen=True)
+class RowFormat:
+    """A data array's dtype and row shape; its rows travel as int64 words of their bytes (zero-padded), which the
+    exchange sends as it sends IDs."""
+    dtype: np.dtype
+    shape: tuple[int, ...]
+
+    @property
+    def items(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def row_bytes(self) -> int:
+        return self.dtype.itemsize * self.items
+
+    @property
+    def words(self) -> int:
+        return -(-self.row_bytes // 8)
+
+    def pack(self, rows: np.ndarray) -> np.ndarray:
+        packed = np.zeros((len(rows), self.words), np.int64)
+        flat = np.ascontiguousarray(rows, self.dtype).reshape(len(rows), self.items)
+        packed.view(np.uint8)[:, :self.row_bytes] = flat.view(np.uint8)
+        return packed
+
+    def unpack(self, words: np.ndarray) -> np.ndarray:
+        """The rows that pack() made these words of (a row's words may be a slice of a wider row)."""
+        raw = np.ascontiguousarray(words).view(np.uint8)
+        raw = raw if raw.shape[1] == self.row_bytes else np.ascontiguousarray(raw[:, :self.row_bytes])
+        return raw.view(self.dtype).reshape(len(raw), *self.shape)
+
+
+@dataclass(frozen=True)
 class Types:
     """Node and edge types in the order of homogeneous IDs (metadata order), and where each type's IDs start:
     type t's nodes are homogeneous IDs node_starts[t] .. node_starts[t + 1] - 1, its edges likewise."""
@@ -114,7 +146,10 @@ class ArraysInput:
         self.fingerprint: str | None = dataset.get("fingerprint")
         self.types = Types.homogeneous(self.num_nodes, self.num_edges)
         self.node_data_items = [(0, name) for name in self.node_data]  # (node type's place, name)
-        self.edge_data: list[str] = []
+        # The one edge type's data (edge_<name>.npy), in the order their words follow each other.
+        self.edge_formats: list[list[tuple[str, RowFormat]]] = [[
+            (name, RowFormat(array.dtype, array.shape[1:])) for name in dataset["arrays"].get("edge_data", [])
+            for array in [np.load(self.dir / f"edge_{name}.npy", mmap_mode="r")]]]
 
     def segment_types(self, size: int) -> np.ndarray:
         return np.zeros(size, np.int64)
@@ -143,6 +178,13 @@ class ArraysInput:
 
     def node_rows(self, name: str, begin: int, end: int) -> np.ndarray:
         return np.asarray(np.load(self.dir / f"node_{name}.npy", mmap_mode="r")[begin:end])
+
+    def edge_data_batches(self, rank: int, size: int, batch: int, width: int) -> Iterator[np.ndarray]:
+        """Each edge_batches batch's edge data (packed_rows)."""
+        columns = [(fmt, np.load(self.dir / f"edge_{name}.npy", mmap_mode="r")) for name, fmt in self.edge_formats[0]]
+        begin, end = self.edge_range(rank, size)
+        for first in range(begin, end, batch):
+            yield packed_rows(columns, first, min(first + batch, end), width)
 
 
 def open_input(dataset_dir: Path) -> "Input":
@@ -173,7 +215,9 @@ class ChunkedInput:
             self.types = Types.homogeneous(self.num_nodes, self.num_edges)
         self.node_data_items = [(t, name) for t, ntype in enumerate(graph.node_types)  # (node type's place, name)
                                 for name in graph.node_data.get(ntype, {})]
-        self.edge_data = [f"{etype}/{name}" for etype, names in graph.edge_data.items() for name in names]
+        # Per edge type (metadata order): its data's names and formats, in the order their words follow each other.
+        self.edge_formats = [[(name, self.data_format("edge", etype, name)) for name in graph.edge_data.get(etype, {})]
+                             for etype in graph.edge_types]
         self.fingerprint = fingerprint
         first_ids = np.cumsum([0] + [n for etype in graph.edge_types for n in graph.edge_chunks[etype]])
         self.chunks = [(etype, chunk) for etype in graph.edge_types for chunk in range(len(graph.edge_chunks[etype]))]
@@ -208,12 +252,24 @@ class ChunkedInput:
             for begin in range(0, len(src), batch):
                 yield first + begin, src[begin:begin + batch], dst[begin:begin + batch]
 
-    def node_header(self, t: int, name: str) -> tuple[np.dtype, tuple[int, ...]]:
-        """The dtype and row shape of node type t's data `name` (chunk 0's, which every chunk shares: checked)."""
+    def data_format(self, kind: str, type_name: str, name: str) -> RowFormat:
+        """The dtype and row shape of node or edge data (kind: node, edge) `name` of a type (chunk 0's, which every
+        chunk shares: checked)."""
         from dglkit import chunked
 
-        first = self.graph.node_data[self.graph.node_types[t]][name][0]
-        return chunked.data_header(first, self.graph.formats[first])
+        first = (self.graph.node_data if kind == "node" else self.graph.edge_data)[type_name][name][0]
+        return RowFormat(*chunked.data_header(first, self.graph.formats[first]))
+
+    def data_rows(self, kind: str, type_name: str, name: str, chunk: int) -> np.ndarray:
+        """Chunk `chunk` of node or edge data (kind: node, edge): a .npy chunk mapped, so that only the rows taken
+        from it are read into memory; a csv chunk read."""
+        from dglkit import chunked
+
+        path = (self.graph.node_data if kind == "node" else self.graph.edge_data)[type_name][name][chunk]
+        if self.graph.formats[path].name == "numpy":
+            return chunked.load_npy(path, mmap=True)
+        read = chunked.read_node_data if kind == "node" else chunked.read_edge_data
+        return read(self.graph, type_name, name, chunk)
 
     def node_chunks(self, t: int, rank: int, size: int) -> list[int]:
         """The row counts of this rank's chunks of node type t's data."""
@@ -222,20 +278,36 @@ class ChunkedInput:
     def node_batches(self, t: int, name: str, rank: int, size: int, batch: int
                      ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """(homogeneous node IDs, their rows) of this rank's chunks of node type t's data `name`, `batch` rows at
-        a time; a .npy chunk is mapped, so that only the batch is read into memory."""
-        from dglkit import chunked
-
+        a time."""
         ntype = self.graph.node_types[t]
-        counts, files = self.graph.node_chunks[ntype], self.graph.node_data[ntype][name]
-        offset = self.graph.node_offset(ntype)
+        counts, offset = self.graph.node_chunks[ntype], self.graph.node_offset(ntype)
         for chunk in range(rank, len(counts), size):
-            path = files[chunk]
-            rows = (chunked.load_npy(path, mmap=True) if self.graph.formats[path].name == "numpy"
-                    else chunked.read_node_data(self.graph, ntype, name, chunk))
+            rows = self.data_rows("node", ntype, name, chunk)
             first = offset + sum(counts[:chunk])
             for begin in range(0, len(rows), batch):
                 end = min(begin + batch, len(rows))
                 yield np.arange(first + begin, first + end, dtype=np.int64), np.asarray(rows[begin:end])
+
+    def edge_data_batches(self, rank: int, size: int, batch: int, width: int) -> Iterator[np.ndarray]:
+        """Each edge_batches batch's edge data (packed_rows)."""
+        for etype, chunk in self.chunks[rank::size]:
+            fields = self.edge_formats[self.graph.edge_types.index(etype)]
+            columns = [(fmt, self.data_rows("edge", etype, name, chunk)) for name, fmt in fields]
+            count = self.graph.edge_chunks[etype][chunk]
+            for begin in range(0, count, batch):
+                yield packed_rows(columns, begin, min(begin + batch, count), width)
+
+
+def packed_rows(columns: list[tuple[RowFormat, np.ndarray]], begin: int, end: int, width: int) -> np.ndarray:
+    """Rows begin .. end - 1 of an edge type's data arrays as they travel with their edges: a row per edge, the
+    words of each array's row one after another (edge_formats' order), zero-padded to `width` words (the widest
+    type's)."""
+    packed = np.zeros((end - begin, width), np.int64)
+    offset = 0
+    for fmt, rows in columns:
+        packed[:, offset:offset + fmt.words] = fmt.pack(np.asarray(rows[begin:end]))
+        offset += fmt.words
+    return packed
 
 
 # What the MPI programs read: a dataset's arrays/ or a chunked graph.

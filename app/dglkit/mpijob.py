@@ -101,15 +101,17 @@ def check(args: argparse.Namespace) -> int:
     if dataset is None or ("arrays" not in dataset and dataset.get("format") != "chunked"):
         raise UserError(f"{args.dataset_dir} is neither a dataset prepared with --arrays nor a graph in DGL's chunked "
                         "format: run its prepare step first")
-    mpibuild.check_supported(args.dataset_dir, open_input(args.dataset_dir), args.graphbolt)  # metadata.json only
+    data = open_input(args.dataset_dir)
+    mpibuild.check_supported(args.dataset_dir, data, args.graphbolt)  # metadata.json only
     # A heterogeneous graph's node data, as if every node had the widest type's features: an upper bound.
     widest = max([t.get("feat_dim", 0) for t in dataset.get("node_types", {}).values()], default=0)
     sizes = (dataset["num_nodes"], dataset["num_edges"], max(dataset.get("feat_dim", 0), widest))
-    need = mpi_rank_estimate(*sizes, args.num_parts)
+    words = mpibuild.edge_words(data)  # from the data's headers
+    need = mpi_rank_estimate(*sizes, args.num_parts, words)
     have, source = host_memory() if args.memory_gb is None else (int(args.memory_gb * GB), "--memory-gb")
     if need > have:
-        fewest = mpi_ranks_needed(*sizes, have)
-        way_out = (f"with {fewest} workers each would need about {mpi_rank_estimate(*sizes, fewest) / GB:.1f} GB: add "
+        fewest = mpi_ranks_needed(*sizes, have, words)
+        way_out = (f"with {fewest} workers each would need about {mpi_rank_estimate(*sizes, fewest, words) / GB:.1f} GB: add "
                    "workers, or free memory on this host" if fewest else "no number of workers fits: free memory "
                    "on this host")
         raise UserError(f"{os.uname().nodename}: the mpi partition's rank needs about {need / GB:.1f} GB with "

@@ -230,7 +230,9 @@ def distributed_step(args: argparse.Namespace, dataset: dict[str, Any], out: Pat
         layout = leanpart.Layout.of(np.load(out / ASSIGNMENT), dst, args.num_parts)
         PROGRESS.phase(f"part {args.part} of {args.num_parts}: read its node data, write its files")
         counts: dict[str, Any] = leanpart.build_part(out, args.part, layout, src, dst, lambda owned: {
-            name: read_rows(arrays / f"node_{name}.npy", owned) for name in dataset["arrays"]["node_data"]})
+            name: read_rows(arrays / f"node_{name}.npy", owned) for name in dataset["arrays"]["node_data"]},
+            lambda inner: {name: read_rows(arrays / f"edge_{name}.npy", inner)
+                           for name in dataset["arrays"].get("edge_data", [])})
         counts.update(host=socket.gethostname(), build_s=lap(start), peak_rss_mb=round(peak_rss_mb()))
         write_json(out / f"part{args.part}.counts.json", counts)
         emit_result({"changed": True, "out": str(out), "step": "part", **counts})

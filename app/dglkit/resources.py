@@ -58,20 +58,27 @@ MPI_PER_SHARE_EDGE = 250
 # Times a rank holds its part's node data at once (read, then written as DGL tensors): 1.7 measured by the
 # rank's peak on 160k nodes x 2048 features, 2 workers (tests/e2e/test_mpi_partition.py), rounded up.
 MPI_FEATURE_COPIES = 1.8
+# Times a rank holds its part's edge data at once: as words in its in-edges' rows, then as the arrays it writes
+# (from the build's steps, not measured).
+MPI_EDGE_DATA_COPIES = 2
 
 
-def mpi_rank_estimate(num_nodes: int, num_edges: int, feat_dim: int, ranks: int) -> int:
+def mpi_rank_estimate(num_nodes: int, num_edges: int, feat_dim: int, ranks: int, edge_words: int = 0) -> int:
     """Peak bytes of one rank of the mpi builder on `ranks` workers: its share of the edges, its part's node
-    data and its share of the node ID tables."""
+    data, its share of the node ID tables and its part's edge data (edge_words int64 words per edge, as they
+    travel: dglkit.mpibuild.edge_words)."""
     share = PART_SHARE / ranks
     node_bytes = num_nodes * (4 * feat_dim + 11 + 40) * share
-    return int(BASE + MPI_PER_SHARE_EDGE * num_edges * share + MPI_FEATURE_COPIES * node_bytes)
+    edge_data_bytes = 8 * edge_words * num_edges * share
+    return int(BASE + MPI_PER_SHARE_EDGE * num_edges * share + MPI_FEATURE_COPIES * node_bytes
+               + MPI_EDGE_DATA_COPIES * edge_data_bytes)
 
 
-def mpi_ranks_needed(num_nodes: int, num_edges: int, feat_dim: int, have: int, most: int = 4096) -> int | None:
+def mpi_ranks_needed(num_nodes: int, num_edges: int, feat_dim: int, have: int, edge_words: int = 0,
+                     most: int = 4096) -> int | None:
     """The fewest workers whose ranks' estimate fits in `have` bytes each, or None."""
     return next((ranks for ranks in range(2, most + 1)
-                 if mpi_rank_estimate(num_nodes, num_edges, feat_dim, ranks) <= have), None)
+                 if mpi_rank_estimate(num_nodes, num_edges, feat_dim, ranks, edge_words) <= have), None)
 
 
 def lean_builders(num_nodes: int, num_edges: int, feat_dim: int, num_parts: int, memory_gb: float | None) -> int:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from test_chunked import HETERO_EDGES, HETERO_NODES, edit, write_hetero
 
@@ -126,26 +127,32 @@ def test_whole_reads_the_chunks_as_given_and_the_lean_builder_partitions_them(cl
     assert code == 0 and parts and parts["num_parts"] == 2, err
 
 
-def test_whole_reads_a_heterogeneous_graph_without_edge_data_and_refuses_one_with_it(cli, tmp_path, hetero):
+def test_whole_reads_a_heterogeneous_graph_with_its_edge_data_and_the_partition_carries_it(cli, tmp_path, hetero):
+    """Each type's nodes, edges and node data; the citations' edge data on their edges, in chunk order; the partition
+    (partition_graph, which every builder matches) holds it under `paper:cites:paper/weight`, by per-type ID
+    mapping the chunks' rows."""
     import dgl
+    from dgl.data.utils import load_tensors
 
-    code, _, err = cli("prepare", "--dataset", "chunked", "--path", hetero, "--out", tmp_path / "ds", "--whole")
-    assert code == 2 and "edge_data (paper:cites:paper) is not carried" in err
-    assert not (tmp_path / "ds" / "graph.dgl").exists()
-    edit(hetero, lambda m: m.pop("edge_data"))
     code, _, err = cli("prepare", "--dataset", "chunked", "--path", hetero, "--out", tmp_path / "ds", "--whole")
     assert code == 0, err
     g = dgl.load_graphs(str(tmp_path / "ds" / "graph.dgl"))[0][0]
-    assert {g.num_nodes(t): t for t in g.ntypes} and all(
-        g.num_nodes(t) == sum(HETERO_NODES[t]) for t in HETERO_NODES)
+    assert all(g.num_nodes(t) == sum(HETERO_NODES[t]) for t in HETERO_NODES)
     assert {":".join(c): g.num_edges(c) for c in g.canonical_etypes} == {
         etype: len(src) for etype, (src, _) in HETERO_EDGES.items()}
     assert "feat" in g.nodes["paper"].data and "feat" not in g.nodes["author"].data
+    weight = g.edges[("paper", "cites", "paper")].data["weight"]  # written as the edges' places: 0, 1, 2, 3
+    assert weight.dtype == torch.float32 and weight.tolist() == [0, 1, 2, 3]
+    assert [":".join(c) for c in g.canonical_etypes if g.edges[c].data] == ["paper:cites:paper"]
     meta = json.loads((tmp_path / "ds" / "dataset.json").read_text())
     assert meta["heterogeneous"] and meta["category"] == "paper"
     code, parts, err = cli("partition", "--dataset-dir", tmp_path / "ds", "--out", tmp_path / "parts",
                            "--num-parts", "2", "--graph-name", "g")
     assert code == 0 and parts, err
+    with np.load(tmp_path / "parts" / "orig_eids.npz") as eids:
+        cites = eids["paper:cites:paper"]
+    stored = [load_tensors(str(tmp_path / "parts" / f"part{p}" / "edge_feat.dgl")) for p in range(2)]
+    assert np.concatenate([part["paper:cites:paper/weight"].numpy() for part in stored]).tolist() == cites.tolist()
 
 
 def test_whole_refuses_a_graph_larger_than_the_memory_before_reading_it(cli, tmp_path):

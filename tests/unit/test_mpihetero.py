@@ -1,10 +1,9 @@
 """Heterogeneous graphs through the distributed partitioner: a graph in DGL's chunked format with three node
-types (two with features, labels and masks on one) and three edge types, assigned by dglkit.mpiassign and
-built by dglkit.mpibuild under a real mpirun on loopback, compared with what DGL's own partition_graph writes
+types (two with features, labels and masks on one) and three edge types (two with edge data), assigned by
+dglkit.mpiassign and built by dglkit.mpibuild under a real mpirun on loopback, compared with what DGL's own partition_graph writes
 for the same assignment."""
 
 import json
-import shutil
 from pathlib import Path
 
 import dgl
@@ -14,6 +13,7 @@ import torch
 
 from dglkit import chunked
 from dglkit.mpiassign import load_assignment
+from dglkit.resources import GB, mpi_rank_estimate
 from localjob import build
 from test_chunked import write_graph
 from test_mpijob import HOSTS, dglkit
@@ -26,7 +26,8 @@ EDGES = {"author:writes:paper": 260, "paper:cites:paper": 300, "paper:published_
 
 def write_hetero(root: Path) -> Path:
     """Random edges (self loops and duplicates among the citations), features on authors and papers, labels and
-    masks on papers; each edge type in two chunks, node types in one to three."""
+    masks on papers, edge data on citations (a weight) and on writes (rows of 6 bytes, which travel padded, and
+    bytes); each edge type in two chunks, node types in one to three."""
     rng = np.random.default_rng(5)
     counts = {ntype: sum(chunks) for ntype, chunks in NODES.items()}
     edges = {}
@@ -39,7 +40,11 @@ def write_hetero(root: Path) -> Path:
              "train_mask": (draw < 0.5).astype(np.uint8), "val_mask": ((draw >= 0.5) & (draw < 0.7)).astype(np.uint8),
              "test_mask": (draw >= 0.7).astype(np.uint8)}
     author = {"feat": rng.standard_normal((counts["author"], 3), dtype=np.float32)}
-    return write_graph(root, NODES, edges, {"author": author, "paper": paper}, {})
+    num_writes = EDGES["author:writes:paper"]
+    edge_data = {"paper:cites:paper": {"weight": rng.random(EDGES["paper:cites:paper"], dtype=np.float32)},
+                 "author:writes:paper": {"stamp": rng.standard_normal((num_writes, 3)).astype(np.float16),
+                                         "order": rng.integers(0, 255, num_writes).astype(np.uint8)}}
+    return write_graph(root, NODES, edges, {"author": author, "paper": paper}, edge_data)
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +56,7 @@ def hetero_chunked(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def dgl_graph(root: Path):
-    """The chunked graph gathered on this host as a DGL heterograph, node data on its types."""
+    """The chunked graph gathered on this host as a DGL heterograph, node and edge data on their types."""
     graph = chunked.load(root)
     edges = {}
     for etype in graph.edge_types:
@@ -62,6 +67,10 @@ def dgl_graph(root: Path):
         for name in names:
             rows = [chunked.read_node_data(graph, ntype, name, c) for c in range(len(graph.node_chunks[ntype]))]
             g.nodes[ntype].data[name] = torch.from_numpy(np.concatenate(rows))
+    for etype, names in graph.edge_data.items():
+        for name in names:
+            rows = [chunked.read_edge_data(graph, etype, name, c) for c in range(len(graph.edge_chunks[etype]))]
+            g.edges[tuple(etype.split(":"))].data[name] = torch.from_numpy(np.concatenate(rows))
     return g
 
 
@@ -81,8 +90,9 @@ def original_view(config: Path, part: int, orig_nids: dict[str, np.ndarray], ori
                   ) -> tuple[set, set, dict[str, np.ndarray]]:
     """Part `part` as DGL's loader and partition book read it, in original per-type IDs (partition_graph's order
     within a part and type is its sort's): local nodes as (type, ID, inner, part), local edges as (type, ID,
-    source, destination, inner), source and destination as (type, ID); each node data's rows in original ID order."""
-    g, feats, _, book, _, ntypes, etypes = dgl.distributed.load_partition(str(config), part)
+    source, destination, inner), source and destination as (type, ID); each node and edge data's rows (of the
+    part's inner nodes and edges of its type) in original ID order."""
+    g, feats, edge_feats, book, _, ntypes, etypes = dgl.distributed.load_partition(str(config), part)
     node_types, node_ids = (ids.numpy() for ids in book.map_to_per_ntype(g.ndata[dgl.NID]))
     assert (node_types == g.ndata[dgl.NTYPE].numpy()).all()
     orig = np.array([orig_nids[ntypes[t]][i] for t, i in zip(node_types, node_ids)])
@@ -97,14 +107,20 @@ def original_view(config: Path, part: int, orig_nids: dict[str, np.ndarray], ori
         ntype = key.split("/")[0]
         inner_orig = orig[(node_types == ntypes.index(ntype)) & (g.ndata["inner_node"].numpy() == 1)]
         rows[key] = tensor.numpy()[np.argsort(inner_orig)]
+    for key, tensor in edge_feats.items():
+        # Row i: the part's inner edge of its type with the i-th smallest new ID.
+        inner = (edge_types == etypes.index(tuple(key.split("/")[0].split(":")))) & (g.edata["inner_edge"].numpy() == 1)
+        inner_orig = edge_orig[inner][np.argsort(g.edata[dgl.EID].numpy()[inner])]
+        rows[key] = tensor.numpy()[np.argsort(inner_orig)]
     return nodes, edges, rows
 
 
 def test_a_heterogeneous_chunked_graph_partitions_as_partition_graph_does(hetero_chunked, tmp_path, monkeypatch):
     """Two ranks, small rounds (50 edges, and as many rows: the ranks' shares end at different rounds): the config
-    (ID ranges per type, type maps), every part's nodes, halo nodes and edges, node types, edge types and node data
-    (all by original ID) and the per-type ID mappings are those partition_graph writes for the same assignment;
-    DGL's own checks of the parts pass."""
+    (ID ranges per type, type maps), every part's nodes, halo nodes and edges, node types, edge types, node data
+    and edge data (of its inner edges, under `<src:rel:dst>/<name>`; all by original ID, dtypes and row shapes as
+    given) and the per-type ID mappings are those partition_graph writes for the same assignment; DGL's own checks
+    of the parts pass."""
     mpirun(2, "mpiassign", "--dataset-dir", hetero_chunked, "--out", tmp_path / "assignment", "--num-parts", 2)
     mpirun(2, "mpibuild", "--dataset-dir", hetero_chunked, "--assignment", tmp_path / "assignment", "--out",
            tmp_path / "mpi", "--batch-edges", 50)
@@ -130,14 +146,15 @@ def test_a_heterogeneous_chunked_graph_partitions_as_partition_graph_does(hetero
             original_view(tmp_path / name / "graph.json", part, *mappings)
             for name, mappings in (("mpi", mapped), ("dgl", (orig_nids, orig_eids))))
         assert nodes == dgl_nodes and edges == dgl_edges and sorted(rows) == sorted(dgl_rows)
+        assert {"paper:cites:paper/weight", "author:writes:paper/stamp", "author:writes:paper/order"} <= set(rows)
         for key, array in rows.items():
+            assert array.dtype == dgl_rows[key].dtype and array.shape == dgl_rows[key].shape and len(array), key
             np.testing.assert_array_equal(array, dgl_rows[key])
         graphs = [dgl.load_graphs(str(tmp_path / name / f"part{part}" / "graph.dgl"))[0][0] for name in ("mpi", "dgl")]
         for kind in ("ndata", "edata"):
             assert [{key: value.dtype for key, value in getattr(graph, kind).items()} for graph in graphs[1:]] == [
                 {key: value.dtype for key, value in getattr(graphs[0], kind).items()}]
         assert_in_edges_sorted_by_type(graphs[0])
-        assert not dgl.data.utils.load_tensors(str(tmp_path / "mpi" / f"part{part}" / "edge_feat.dgl"))
     manifest = json.loads((tmp_path / "mpi" / "manifest.json").read_text())
     train = g.nodes["paper"].data["train_mask"].numpy().astype(bool)
     assert manifest["heterogeneous"] and sum(p["train_nodes"] for p in manifest["parts"]) == train.sum()
@@ -152,28 +169,28 @@ def assert_in_edges_sorted_by_type(g) -> None:
     assert (types[later] >= np.concatenate([[0], types[:-1]])[later]).all()
 
 
-def test_dglkit_mpi_runs_a_heterogeneous_graph_and_refuses_edge_data(hetero_chunked, tmp_path):
-    """`dglkit mpi check` and `run`, as mpi.yml runs them on the workers: the heterogeneous graph is accepted and
-    partitioned; the same graph with edge data is refused by the check, naming the data, before anything runs."""
+def test_dglkit_mpi_runs_a_heterogeneous_graph_with_edge_data(hetero_chunked, tmp_path):
+    """`dglkit mpi check` and `run`, as mpi.yml runs them on the workers: the heterogeneous graph with edge data is
+    accepted (its memory check counts the edge data) and partitioned, and the parts' edge data, in the order of
+    the per-type ID mappings, are the chunks' rows of those edges."""
     out = tmp_path / "part"
     args = ("--dataset-dir", hetero_chunked, "--out", out, "--num-parts", 2)
+    dataset = json.loads((hetero_chunked / "dataset.json").read_text())
+    widest = max(t["feat_dim"] for t in dataset["node_types"].values())
+    sizes = (dataset["num_nodes"], dataset["num_edges"], max(dataset["feat_dim"], widest))
+    # Two words an edge as the edge data travel: the writes' stamp (6 bytes) and order (1 byte), a word each.
+    between = (mpi_rank_estimate(*sizes, 2) + mpi_rank_estimate(*sizes, 2, 2)) / 2 / GB
+    proc = dglkit("mpi", "check", *args, "--memory-gb", between, check=False)
+    assert proc.returncode == 2 and f"needs about {mpi_rank_estimate(*sizes, 2, 2) / GB:.1f} GB" in proc.stderr
     assert json.loads(dglkit("mpi", "check", *args).stdout.splitlines()[-1])["done"] is False
     dglkit("mpi", "run", "--dataset-dir", hetero_chunked, "--out", out, "--graph-name", "het", "--hosts", HOSTS)
     assert json.loads(dglkit("mpi", "check", *args).stdout.splitlines()[-1])["done"] is True
     config = json.loads((out / "het.json").read_text())
     assert list(config["ntypes"]) == list(NODES) and (out / "orig_nids.npz").is_file()
     assert not list(out.glob("orig_*.npy"))  # the per-type pieces went into the archives
-
-    root = Path(json.loads((hetero_chunked / "dataset.json").read_text())["path"])
-    meta = json.loads((root / "metadata.json").read_text())
-    rows = meta["num_edges_per_chunk"][1]
-    meta["edge_data"] = {"paper:cites:paper": {"weight": {"format": {"name": "numpy"}, "data": [
-        str(tmp_path / f"weight-{i}.npy") for i in range(len(rows))]}}}
-    for i, count in enumerate(rows):
-        np.save(tmp_path / f"weight-{i}.npy", np.ones(count, np.float32))
-    shutil.copytree(root, tmp_path / "chunks")
-    (tmp_path / "chunks" / "metadata.json").write_text(json.dumps(meta))
-    build("prepare", "--dataset", "chunked", "--path", tmp_path / "chunks", "--out", tmp_path / "dataset")
-    proc = dglkit("mpi", "check", "--dataset-dir", tmp_path / "dataset", "--out", tmp_path / "other", "--num-parts", 2,
-                  check=False)
-    assert proc.returncode == 2 and "does not carry edge data (paper:cites:paper/weight)" in proc.stderr, proc.stderr
+    g = dgl_graph(Path(json.loads((hetero_chunked / "dataset.json").read_text())["path"]))
+    feats = [dgl.data.utils.load_tensors(str(out / f"part{part}" / "edge_feat.dgl")) for part in range(2)]
+    with np.load(out / "orig_eids.npz") as eids:
+        for etype, name in (("paper:cites:paper", "weight"), ("author:writes:paper", "stamp")):
+            rows = np.concatenate([part[f"{etype}/{name}"].numpy() for part in feats])
+            np.testing.assert_array_equal(rows, g.edges[tuple(etype.split(":"))].data[name].numpy()[eids[etype]])

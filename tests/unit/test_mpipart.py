@@ -299,3 +299,131 @@ def test_a_bad_chunk_refuses_the_run_before_any_partitioning(chunked_dataset, tm
     assert proc.returncode == 2 and f"error: {path}: " in proc.stderr, proc.stderr[-3000:]
     assert [json.loads((progress / f"rank{r}.json").read_text())["phase"] for r in (0, 1)] == ["check", "check"]
     assert not out.exists() and not (tmp_path / ".assignment.partial").exists()
+
+
+@pytest.fixture(scope="module")
+def edge_data_dataset(chunked_dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The chunked graph with edge data (a float32 weight, int64 rows of two, a float from csv chunks), its one
+    node and edge type named `item` and `item:links:item` in metadata.json (a homogeneous graph: DGL's _N,
+    _N:_E:_N in the partition), prepared as a chunked dataset where it is."""
+    directory = tmp_path_factory.mktemp("edge-data")
+    root = directory / "chunks"
+    shutil.copytree(chunks_of(chunked_dataset), root)
+    meta = json.loads((root / "metadata.json").read_text())
+    rng = np.random.default_rng(7)
+    (root / "edge_data").mkdir()
+    specs = {}
+    for name, rows in (("weight", lambda n: rng.random(n, dtype=np.float32)),
+                       ("pair", lambda n: rng.integers(0, 1000, (n, 2)))):
+        for i, count in enumerate(meta["num_edges_per_chunk"][0]):
+            np.save(root / "edge_data" / f"{name}-{i}.npy", rows(count))
+        files = [f"edge_data/{name}-{i}.npy" for i in range(len(meta["num_edges_per_chunk"][0]))]
+        specs[name] = {"format": {"name": "numpy"}, "data": files}
+    for i, count in enumerate(meta["num_edges_per_chunk"][0]):  # a csv chunk per edge chunk too: one float column
+        np.savetxt(root / "edge_data" / f"score-{i}.csv", rng.integers(0, 100, count) / 4, fmt="%.2f")
+    specs["score"] = {"format": {"name": "csv"}, "data": [f"edge_data/score-{i}.csv"
+                                                          for i in range(len(meta["num_edges_per_chunk"][0]))]}
+    meta.update(node_type=["item"], edge_type=["item:links:item"], edges={"item:links:item": meta["edges"]["_N:_E:_N"]},
+                node_data={"item": meta["node_data"]["_N"]}, edge_data={"item:links:item": specs})
+    (root / "metadata.json").write_text(json.dumps(meta))
+    build("prepare", "--dataset", "chunked", "--path", root, "--out", directory / "dataset")
+    return directory / "dataset"
+
+
+def inner_edge_data(config: Path, part: int, orig_eids: np.ndarray) -> dict[str, np.ndarray]:
+    """A part's edge data as DGL's loader reads it, rows in original edge ID order, and those IDs (`ids`)."""
+    g, _, edge_feats, *_ = dgl.distributed.load_partition(str(config), part)
+    inner = g.edata["inner_edge"].numpy() == 1
+    orig = orig_eids[np.sort(g.edata[dgl.EID].numpy()[inner])]  # edge data rows: the inner edges by new ID
+    order = np.argsort(orig)
+    return {"ids": orig[order], **{key: tensor.numpy()[order] for key, tensor in edge_feats.items()}}
+
+
+def test_edge_data_goes_with_its_edges_where_partition_graph_and_the_lean_builder_put_it(edge_data_dataset, tmp_path,
+                                                                                       monkeypatch):
+    """Each rank sends each edge's data rows with the edge to its destination's part (700 edges a round: the ranks
+    run out of edges at different rounds): every part's edge_feat.dgl holds its inner edges' rows under
+    `_N:_E:_N/<name>`, the same files as the lean builder writes from the same chunks read whole (prepare --whole)
+    for the same assignment, and, by original edge ID, the rows partition_graph stores in that part."""
+    import dgl.distributed.partition as dgl_partition_module
+    import torch
+
+    chunks, assignment_dir = chunks_of(edge_data_dataset), tmp_path / "assignment"
+    mpirun(2, "mpiassign", "--dataset-dir", edge_data_dataset, "--out", assignment_dir, "--num-parts", 2)
+    mpirun(2, "mpibuild", "--dataset-dir", edge_data_dataset, "--assignment", assignment_dir, "--out", tmp_path / "mpi",
+           "--batch-edges", 700)
+    build("prepare", "--dataset", "chunked", "--path", chunks, "--out", tmp_path / "whole", "--whole")
+    g = dgl.load_graphs(str(tmp_path / "whole" / "graph.dgl"))[0][0]
+    assert set(g.edata) == {"weight", "pair", "score"} and g.edata["pair"].dtype == torch.int64
+    assignment = load_assignment(assignment_dir).astype(np.int64)
+    (tmp_path / "lean").mkdir()
+    leanpart.build(tmp_path / "whole" / "graph.dgl", assignment, tmp_path / "lean", "graph", 2, "ptscotch")
+    assert_same_files(tmp_path / "mpi", tmp_path / "lean", 2)
+    monkeypatch.setattr(dgl_partition_module, "random_choice", lambda parts, nodes: torch.from_numpy(assignment))
+    _, dgl_eids = dgl.distributed.partition_graph(g, "graph", 2, str(tmp_path / "dgl"), part_method="random",
+                                                  return_mapping=True)
+    ours_eids = np.load(tmp_path / "mpi" / "orig_eids.npy")
+    for part in range(2):
+        ours = inner_edge_data(tmp_path / "mpi" / "graph.json", part, ours_eids)
+        theirs = inner_edge_data(tmp_path / "dgl" / "graph.json", part, dgl_eids.numpy())
+        assert set(ours) == set(theirs) == {"ids", "_N:_E:_N/weight", "_N:_E:_N/pair", "_N:_E:_N/score"}
+        assert len(ours["ids"])
+        for key, rows in theirs.items():
+            assert ours[key].dtype == rows.dtype, key
+            np.testing.assert_array_equal(ours[key], rows)
+        np.testing.assert_array_equal(ours["_N:_E:_N/weight"], g.edata["weight"].numpy()[ours["ids"]])
+
+
+def test_edge_data_of_a_whole_read_with_arrays_goes_as_from_graph_dgl(edge_data_dataset, tmp_path):
+    """The chunks read whole with --arrays (edge_<name>.npy beside node_<name>.npy): the mpi builder on those
+    arrays (2 ranks, 700 edges a round) and `partition --builder distributed`, step by step, write the same files,
+    edge data included, as the lean builder from graph.dgl for their assignments."""
+    whole = tmp_path / "whole"
+    build("prepare", "--dataset", "chunked", "--path", chunks_of(edge_data_dataset), "--out", whole, "--whole",
+          "--arrays")
+    assert sorted(json.loads((whole / "dataset.json").read_text())["arrays"]["edge_data"]) == ["pair", "score", "weight"]
+    mpirun(2, "mpiassign", "--dataset-dir", whole, "--out", tmp_path / "assignment", "--num-parts", 2)
+    mpirun(2, "mpibuild", "--dataset-dir", whole, "--assignment", tmp_path / "assignment", "--out", tmp_path / "mpi",
+           "--batch-edges", 700)
+    dist = tmp_path / "dist"
+    build("partition", "--dataset-dir", whole, "--out", dist, "--num-parts", 2, "--builder", "distributed",
+          "--step", "assign")
+    assignments = {"mpi": load_assignment(tmp_path / "assignment"), "dist": np.load(dist / "assignment.npy")}
+    for part in range(2):
+        build("partition", "--dataset-dir", whole, "--out", dist, "--num-parts", 2, "--builder", "distributed",
+              "--step", "part", "--part", part)
+    build("partition", "--dataset-dir", whole, "--out", dist, "--num-parts", 2, "--builder", "distributed",
+          "--step", "finish")
+    for name, assignment in assignments.items():
+        lean = tmp_path / f"lean-{name}"
+        lean.mkdir()
+        leanpart.build(whole / "graph.dgl", assignment, lean, "graph", 2, "ptscotch" if name == "mpi" else "metis")
+        assert_same_files(tmp_path / name, lean, 2)
+        assert all(len(load_tensors(str(lean / f"part{p}" / "edge_feat.dgl"))) == 3 for p in range(2))
+
+
+EDGE_DATA_READER = """\
+import json, sys
+import dgl, torch
+dgl.distributed.initialize("")
+g = dgl.distributed.DistGraph("graph", part_config=sys.argv[1])
+print(json.dumps({name: g.edata[name][torch.tensor(json.loads(sys.argv[2]))].tolist() for name in ("weight", "pair")}))
+"""
+
+
+def test_distgraph_serves_the_edge_data_the_builders_write(edge_data_dataset, tmp_path):
+    """DGL's DistGraph (standalone: one part, in a child process) reads the edge data of a part written by the
+    builders' writer (the lean builder's, from the chunks read whole): g.edata[name] of a few edges are the chunks'
+    rows."""
+    build("prepare", "--dataset", "chunked", "--path", chunks_of(edge_data_dataset), "--out", tmp_path / "whole",
+          "--whole")
+    g = dgl.load_graphs(str(tmp_path / "whole" / "graph.dgl"))[0][0]
+    (tmp_path / "one").mkdir()
+    leanpart.build(tmp_path / "whole" / "graph.dgl", np.zeros(g.num_nodes(), np.int64), tmp_path / "one", "graph", 1,
+                   "random")
+    ids = [0, 5, g.num_edges() - 1]  # one part: new edge IDs are the original ones
+    proc = subprocess.run([sys.executable, "-c", EDGE_DATA_READER, str(tmp_path / "one" / "graph.json"), json.dumps(ids)],
+                          capture_output=True, text=True, env={**ENV, "DGL_DIST_MODE": "standalone"},
+                          stdin=subprocess.DEVNULL, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.splitlines()[-1]) == {name: g.edata[name][ids].tolist() for name in ("weight", "pair")}
