@@ -128,20 +128,7 @@ def run(args: argparse.Namespace) -> int:
                    args.memory_gb, ways_out="prepare on a storage host with more memory (the inventory's storage "
                    "group), or prepare the dataset elsewhere and give it as --dataset files")
     start = time.perf_counter()
-    PROGRESS.phase({"files": "read the files", "ogb": "load the OGB dataset (download, convert)"}.get(
-        source, f"generate the {source} graph"))
-    if source == "synthetic":
-        # Arrays by name; a heterogeneous graph's also name its category and hold dicts per type.
-        arrays: dict[str, Any] = synthetic(np.random.default_rng(args.seed), **params["graph"])
-    elif source == "synthetic-hetero":
-        arrays = hetero.synthetic_hetero(np.random.default_rng(args.seed), **params["graph"])
-    elif source == "files":
-        path = args.path
-        arrays = hetero.load_files(path) if hetero.is_files_dir(path) else check_arrays(load_files(path), str(path))
-    else:
-        arrays = load_ogb(args.dataset, inputs["dir"], inputs["release"])
-    if "train_mask" not in arrays:
-        arrays.update(split_masks(arrays["labels"], params["split"], np.random.default_rng(args.seed)))
+    arrays = source_arrays(args, source, params, inputs)
     category = arrays.get("category")
     if category and args.arrays:
         raise UserError("--arrays (for `partition --builder distributed`) works on homogeneous graphs only")
@@ -173,6 +160,26 @@ def run(args: argparse.Namespace) -> int:
     write_json(meta_path, meta)
     emit_result({"changed": True, "out": str(out), **summary(meta)})
     return 0
+
+
+def source_arrays(args: argparse.Namespace, source: str, params: dict[str, Any],
+                  inputs: dict[str, Any]) -> dict[str, Any]:
+    """The graph's arrays by name, with split masks; a heterogeneous graph's also name its category and hold
+    dicts per type."""
+    PROGRESS.phase({"files": "read the files", "ogb": "load the OGB dataset (download, convert)"}.get(
+        source, f"generate the {source} graph"))
+    if source == "synthetic":
+        arrays: dict[str, Any] = synthetic(np.random.default_rng(args.seed), **params["graph"])
+    elif source == "synthetic-hetero":
+        arrays = hetero.synthetic_hetero(np.random.default_rng(args.seed), **params["graph"])
+    elif source == "files":
+        path = args.path
+        arrays = hetero.load_files(path) if hetero.is_files_dir(path) else check_arrays(load_files(path), str(path))
+    else:
+        arrays = load_ogb(args.dataset, inputs["dir"], inputs["release"])
+    if "train_mask" not in arrays:
+        arrays.update(split_masks(arrays["labels"], params["split"], np.random.default_rng(args.seed)))
+    return arrays
 
 
 def prepare_estimate(source: str, params: dict[str, Any], inputs: dict[str, Any]) -> tuple[str, int, int] | None:
