@@ -1,5 +1,6 @@
 """Checkpoints, heartbeats and automatic restarts of `dglkit launch` with real DGL servers and trainers."""
 
+import contextlib
 import json
 import os
 import signal
@@ -95,10 +96,16 @@ def test_a_launcher_started_again_mid_attempt_restarts_the_job(partition_1, tmp_
         time.sleep(0.3)
     launch.kill()  # its servers and trainers get SIGTERM from the kernel (PR_SET_PDEATHSIG)
     launch.wait()
-    deadline = time.time() + 60
-    while any(p.status() != psutil.STATUS_ZOMBIE for p in psutil.process_iter()
-              if safe_environ(p).get("DGL_IP_CONFIG", "").startswith(str(job_dir))):
-        assert time.time() < deadline, "the killed launcher's processes did not exit"
+    # What systemd does with the rest of the job unit's control group once its launcher is gone (KillMode=mixed,
+    # TimeoutStopSec=30): SIGKILL for what is left after 30 s. DGL's own SIGTERM handler exits through its C++
+    # cleanup, which can hang on a loaded machine.
+    stop_after = time.time() + 30
+    while left := running_job_processes(job_dir):
+        if time.time() > stop_after:
+            for process in left:
+                with contextlib.suppress(psutil.Error):
+                    process.kill()
+        assert time.time() < stop_after + 30, f"the killed launcher's processes did not exit: {left}"
         time.sleep(0.5)
 
     again, more_ports, _ = start_restartable_job(job_dir, partition_1, 12)
@@ -113,6 +120,17 @@ def test_a_launcher_started_again_mid_attempt_restarts_the_job(partition_1, tmp_
     assert last.wait(timeout=60) == 0 and "succeeded" in (job_dir / "launch.out").read_text()
     assert json.loads((job_dir / "nodes/n1/status.json").read_text())["attempt"] == 2
     assert_job_gone(job_dir, ports + more_ports + last_ports, shm_before)
+
+
+def running_job_processes(job_dir: Path) -> list[psutil.Process]:
+    """The processes of the job in job_dir that have not exited (zombies have)."""
+    found = []
+    for process in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if (safe_environ(process).get("DGL_IP_CONFIG", "").startswith(str(job_dir))
+                    and process.status() != psutil.STATUS_ZOMBIE):
+                found.append(process)
+    return found
 
 
 def safe_environ(proc: psutil.Process) -> dict:
