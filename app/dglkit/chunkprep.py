@@ -42,9 +42,7 @@ def run(args: argparse.Namespace) -> int:
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out} is a file; give a directory")
     old = read_json(out / "dataset.json")
-    graph_file = out / "graph.dgl"
-    if old and old.get("fingerprint") == fingerprint and (
-            not args.whole or (graph_file.is_file() and graph_file.stat().st_size == old.get("graph_bytes"))):
+    if old and old.get("fingerprint") == fingerprint and (not args.whole or graphfile.is_current(out, old)):
         emit_result({"changed": False, "out": str(out), **summary(old)})
         return 0
     start = time.perf_counter()

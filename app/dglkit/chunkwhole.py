@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from dglkit import chunked
+from dglkit import chunked, graphfile
 from dglkit.progress import PROGRESS
 from dglkit.resources import check_fits, memory_estimate
 
@@ -21,7 +21,7 @@ def check_memory(described: dict[str, Any], out: Path, memory_gb: float | None) 
     """Refuse, before reading a chunk, a graph whose whole read does not fit this host."""
     nodes, edges, feat_dim = described["num_nodes"], described["num_edges"], described["feat_dim"]
     check_fits(f"reading the chunked graph whole ({nodes} nodes, {edges} edges)",
-               memory_estimate("prepare", nodes, edges, feat_dim), 16 * edges + nodes * (4 * feat_dim + 11), out,
+               memory_estimate("prepare", nodes, edges, feat_dim), graphfile.file_bytes(nodes, edges, feat_dim), out,
                memory_gb, ways_out="partition it without reading it whole (dgl_job_partition_builder: mpi), or "
                "prepare on a storage host with more memory")
 

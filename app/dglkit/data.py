@@ -114,10 +114,10 @@ def run(args: argparse.Namespace) -> int:
     out: Path = args.out
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out} is a file; give a directory")
-    graph_path, meta_path = out / "graph.dgl", out / "dataset.json"
+    meta_path = out / "dataset.json"
     old = read_json(meta_path)
-    if (old and old.get("fingerprint") == fingerprint and graph_path.is_file()
-            and graph_path.stat().st_size == old.get("graph_bytes") and (old.get("arrays") or not args.arrays)):
+    if (old and old.get("fingerprint") == fingerprint and graphfile.is_current(out, old)
+            and (old.get("arrays") or not args.arrays)):
         emit_result({"changed": False, "out": str(out), **summary(old)})
         return 0
 
@@ -188,7 +188,7 @@ def prepare_estimate(source: str, params: dict[str, Any], inputs: dict[str, Any]
     if source == "synthetic":
         graph = params["graph"]
         nodes, edges, feat_dim = graph["num_nodes"], round(graph["num_nodes"] * graph["avg_degree"]), graph["feat_dim"]
-        file_bytes = 16 * edges + nodes * (4 * feat_dim + 11)
+        file_bytes = graphfile.file_bytes(nodes, edges, feat_dim)
         return (f"preparing {nodes} nodes and about {edges} edges", memory_estimate("prepare", nodes, edges, feat_dim),
                 file_bytes)
     if source == "files":

@@ -13,6 +13,17 @@ from dglkit.progress import PROGRESS
 ARRAYS = "arrays"
 
 
+def file_bytes(num_nodes: int, num_edges: int, feat_dim: int) -> int:
+    """About what graph.dgl takes on disk: int64 ends per edge, float32 features, labels and masks per node."""
+    return 16 * num_edges + num_nodes * (4 * feat_dim + 11)
+
+
+def is_current(out: Path, meta: dict[str, Any] | None) -> bool:
+    """Whether out/graph.dgl is the file dataset.json (meta) describes: there, with the size it recorded."""
+    graph_file = out / "graph.dgl"
+    return meta is not None and graph_file.is_file() and graph_file.stat().st_size == meta.get("graph_bytes")
+
+
 def save(graph, out: Path, arrays: bool) -> dict[str, Any]:
     """out/graph.dgl (with `arrays`, out/arrays/ too) in place of earlier ones, dataset.json removed first (never an
     old fingerprint next to a new graph, even after a crash); dataset.json's fields for them."""
