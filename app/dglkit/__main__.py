@@ -24,6 +24,7 @@ COMMANDS = {
     "clidoc": ("dglkit.clidoc", "write docs/cli.md, this CLI's options, from the commands' parsers (--write)"),
     "plan": ("dglkit.plan", "check a job's settings and derive its id and files (the controller, JSON in --request)"),
     "follow": ("dglkit.follow", "run a long dglkit command in the background and answer with its progress or its result"),
+    "pip": ("dglkit.pipinstall", "run pip and report its progress: the packages read, then those installed"),
     "control": ("dglkit.control", "the job unit on this node: its state, stopping it, what a stopped job left"),
 }
 

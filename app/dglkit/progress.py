@@ -24,6 +24,7 @@ class Progress:
         self.path: Path | None = None
         self.record: dict[str, Any] = {}
         self.written = 0.0
+        self.child: int | None = None
 
     def begin(self, command: str) -> None:
         """A command starts: the file of $DGLKIT_PROGRESS, if set, names it from now on."""
@@ -43,10 +44,28 @@ class Progress:
         if time.monotonic() - self.written >= PROGRESS_SECONDS or done == self.record["total"]:
             self.write()
 
+    def watch_child(self, pid: int) -> None:
+        """The record's peak memory counts a running child's too: a command that runs another (dglkit pip) is
+        not the one that uses the memory, and a child's peak shows in our own only once it is waited for."""
+        self.child = pid
+
     def write(self) -> None:
         if self.path is not None:
-            write_json(self.path, {**self.record, "peak_rss_mb": round(peak_rss_mb()), "time": time.time()})
+            peak = max(peak_rss_mb(), child_peak_mb(self.child))
+            write_json(self.path, {**self.record, "peak_rss_mb": round(peak), "time": time.time()})
             self.written = time.monotonic()
+
+
+def child_peak_mb(pid: int | None) -> float:
+    """A running process's peak resident memory (VmHWM) in MiB; 0 when there is none or it is gone."""
+    if pid is None:
+        return 0.0
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return 0.0
+    found = [line.split()[1] for line in status.splitlines() if line.startswith("VmHWM:")]
+    return int(found[0]) / 1024 if found else 0.0
 
 
 PROGRESS = Progress()

@@ -119,6 +119,9 @@ def test_the_wheelhouse_from_the_controller_is_copied_once_and_pip_installs_from
     assert task_statuses(runs["second"].output, copy) == {"node1": {"skipping"}}
     wheels = {path.name: path.stat().st_size for path in WHEELHOUSE_SRC.glob("*.whl")}
     assert {path.name: path.stat().st_size for path in (cluster.workspace / "wheelhouse").glob("*.whl")} == wheels
+    # pip ran under `dglkit follow`: a line per poll of what it had read or installed of the lock's packages.
+    assert re.search(r"(?m)^\d\d:\d\d:\d\d pip: (collect|install), \d+/\d+ packages, \d+ s, peak \d+ MB$",
+                     runs["first"].output), runs["first"].output[-3000:]
     # pip had no other source: the hosts have no route out, and the wheelhouse bound into them is not configured.
     pip = cluster.ssh("node1", f"{WORKSPACE}/venv/bin/pip list --format=freeze").stdout
     assert f"torch=={PINS['torch']}" in pip and f"dgl=={PINS['dgl']}" in pip, pip
