@@ -37,6 +37,12 @@ def pythons(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return root / "bare" / "bin" / "python", root / "target"
 
 
+def pip_install(venv: Path, lock: Path) -> list[str]:
+    """`dglkit pip`'s arguments as the python_env role passes them: the lock, pinned, from the wheelhouse alone."""
+    return ["pip", "--pip", str(venv / "bin" / "pip"), "--", "install", "-r", str(lock), "--require-hashes",
+            "--no-deps", "--no-index", "--find-links", str(WHEELHOUSE)]
+
+
 def poll(python: Path, state: Path, command: list[str]) -> tuple[list[str], subprocess.CompletedProcess]:
     """Every running poll's line, and the answer of the poll that found the command ended."""
     lines = []
@@ -56,8 +62,7 @@ def test_pip_installs_a_lock_under_follow_with_the_system_python_and_shows_what_
     python, venv = pythons
     lock = tmp_path / "small.lock"
     lock.write_text(small_pins(3))
-    command = ["pip", "--pip", str(venv / "bin" / "pip"), "--", "install", "-r", str(lock), "--require-hashes",
-               "--no-deps", "--no-index", "--find-links", str(WHEELHOUSE)]
+    command = pip_install(venv, lock)
     lines, answer = poll(python, tmp_path / "state", command)
     assert answer.returncode == 0, answer.stderr
     assert "Successfully installed" in answer.stdout
@@ -81,8 +86,7 @@ def test_the_progress_record_counts_the_packages_read_then_those_installed(
     venv, lock, record = tmp_path / "venv", tmp_path / "small.lock", tmp_path / "progress.json"
     subprocess.run([sys.executable, "-m", "venv", venv], check=True, timeout=300)
     lock.write_text(small_pins(4))
-    done = subprocess.run([python, "-m", "dglkit", "pip", "--pip", venv / "bin" / "pip", "--", "install", "-r", lock,
-                           "--require-hashes", "--no-deps", "--no-index", "--find-links", WHEELHOUSE],
+    done = subprocess.run([python, "-m", "dglkit", *pip_install(venv, lock)],
                           capture_output=True, text=True, timeout=300,
                           env={"PYTHONPATH": str(APP), "PATH": "/usr/bin:/bin", "DGLKIT_PROGRESS": str(record)})
     assert done.returncode == 0, done.stderr
@@ -96,8 +100,7 @@ def test_a_failing_pip_answers_with_its_error_and_exit_code(pythons: tuple[Path,
     python, venv = pythons
     lock = tmp_path / "bad.lock"
     lock.write_text("no-such-package-anywhere==1.0 \\\n    --hash=sha256:" + "0" * 64 + "\n")
-    command = ["pip", "--pip", str(venv / "bin" / "pip"), "--", "install", "-r", str(lock), "--require-hashes",
-               "--no-deps", "--no-index", "--find-links", str(WHEELHOUSE)]
+    command = pip_install(venv, lock)
     _, answer = poll(python, tmp_path / "state", command)
     assert answer.returncode == 1 and "no-such-package-anywhere" in answer.stderr, answer
     assert json.loads(answer.stdout.splitlines()[-1]) == {"changed": False, "rc": 1}
