@@ -112,12 +112,19 @@ def task_statuses(output: str, task: str) -> dict[str, set[str]]:
 
 def test_the_wheelhouse_from_the_controller_is_copied_once_and_pip_installs_from_it(
         cluster: Cluster, runs: dict[str, PlaybookRun]) -> None:
-    copy = "python_env : Copy the wheels"
+    copy, copy_stage = "python_env : Copy the wheels, one line per wheel", "python_env : Copy the wheels and record them"
     # The storage host (which builds the shared venv) writes the workspace; a re-run finds the record of the same
     # wheels there and copies nothing.
     assert task_statuses(runs["first"].output, copy) == {"node1": {"changed"}}
-    assert task_statuses(runs["second"].output, copy) == {"node1": {"skipping"}}
+    assert task_statuses(runs["second"].output, copy_stage) == {"node1": {"skipping"}}
+    assert f"TASK [{copy}]" not in runs["second"].output
     wheels = {path.name: path.stat().st_size for path in WHEELHOUSE_SRC.glob("*.whl")}
+    # A line per wheel as it arrives, with its place in the count and its size.
+    torch = next(name for name in wheels if name.startswith("torch-"))
+    files = len([path for path in WHEELHOUSE_SRC.rglob("*") if path.is_file()])
+    arrived = re.findall(rf"(?m)^changed: \[node1\] => \(item=(\d+)/{files} (\S+), ([\d.]+) MB\)$", runs["first"].output)
+    assert sorted(int(index) for index, _, _ in arrived) == list(range(1, files + 1)), runs["first"].output[-3000:]
+    assert (torch, f"{wheels[torch] / 2**20:.1f}") in {(name, size) for _, name, size in arrived}, arrived
     assert {path.name: path.stat().st_size for path in (cluster.workspace / "wheelhouse").glob("*.whl")} == wheels
     # pip ran under `dglkit follow`: a line per poll of what it had read or installed of the lock's packages.
     assert re.search(r"(?m)^\d\d:\d\d:\d\d pip: (collect|install), \d+/\d+ packages, \d+ s, peak \d+ MB$",
