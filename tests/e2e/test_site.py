@@ -151,6 +151,11 @@ def test_a_re_run_skips_the_slow_steps_and_redoes_those_whose_records_went_stale
     assert task_statuses(run.output, slow[1]) == {"node1": {"ok"}}
     assert task_statuses(run.output, slow[2]) == {"node2": {"ok"}}
     assert (cluster.workspace / "app/dglkit/watch.py").read_text() == (REPO / "app/dglkit/watch.py").read_text()
+    # The copy compiled every module of the app: the job account, which cannot write there, has nothing left to
+    # compile (compileall would try to write a missing or stale module's bytecode, and fail).
+    compiled = cluster.ssh("node2", as_job_user(f"{WORKSPACE}/venv/bin/python -m compileall -q {WORKSPACE}/app"),
+                           check=False)
+    assert compiled.returncode == 0 and compiled.stdout == "", compiled.stdout[-3000:]
     assert cluster.playbook("site.yml").changed_hosts() == []
 
 
