@@ -280,21 +280,6 @@ def test_a_killed_trainer_stops_every_node_without_the_controller(site: Cluster,
     assert status(site, "clm-trainer", "node3")["state"] == "failed"
 
 
-def test_the_failure_message_names_node_process_and_the_end_of_its_log(site: Cluster, runs: Path) -> None:
-    proc = start_train(site, runs, *ENDLESS, "-e", "dgl_job_id=clm-message")
-    wait_for_epoch(site, "clm-message", proc)
-    server = next(p["pid"] for p in status(site, "clm-message", "node3")["processes"] if p["name"] == "server-0")
-    site.ssh("node3", f"kill -9 {server}")
-    output, _ = proc.communicate(timeout=300)
-    assert proc.returncode != 0
-    tail = json.loads((runs / "clm-message" / "FAILED").read_text())["log_tail"]
-    assert tail, "the server's log was empty"
-    message = flat(output)
-    assert "job clm-message failed on node3: server-0: exited with signal SIGKILL" in message, output[-4000:]
-    assert f"end of server-0.log: {' '.join(flat(line) for line in tail)}" in message, output[-4000:]
-    assert_clean(site)
-
-
 def test_preflight_names_a_busy_port(site: Cluster) -> None:
     address = site.cluster_addresses()["node2"]
     site.ssh("node2", f"systemd-run --unit=clm-busy-port python3 -m http.server {PORT} --bind {address}")

@@ -293,7 +293,11 @@ def test_a_killed_server_fails_the_job_naming_its_host(site: Cluster, runs: Path
     assert "job e2e-fault failed on node3: server-0: exited with signal SIGKILL" in flat(output), output[-4000:]
     # Detection, the stop of every node, the leftover checks and fetching the logs, under a loaded machine.
     assert time.time() - killed < 180
-    assert json.loads((runs / "e2e-fault" / "FAILED").read_text())["node"] == "node3"
+    failed = json.loads((runs / "e2e-fault" / "FAILED").read_text())
+    assert failed["node"] == "node3" and failed["log_tail"], failed
+    # The message ends with the end of the failed process's log, as FAILED records it.
+    assert f"end of server-0.log: {' '.join(flat(line) for line in failed['log_tail'])}" in flat(output), \
+        output[-4000:]
     assert_clean(site)
     # Run again and stop it: the run folder holds this run's files and the first run's under history/1/ (without
     # its checkpoint), never a file of the first run beside this run's (its FAILED, its processes' failure records).
