@@ -23,9 +23,6 @@ if TYPE_CHECKING:
 SITE_BOUND = (16, 10)
 # train.yml: the pre-flight (with the lock and the earlier run), the release of the lock, the results.
 TRAIN_BOUND = (3, 1)
-# A job that test_builtin_tasks.py, earlier in the group (tests/conftest.py), ran to its end on this cluster: the
-# first train() below finds it finished (run alone, this module trains it first).
-JOB = LINK_PREDICTION
 
 
 @pytest.fixture(scope="module")
@@ -61,8 +58,10 @@ def test_a_train_run_of_a_finished_job_reaches_each_host_a_bounded_number_of_tim
         stood_up: Cluster, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     runs = tmp_path / "runs"
     runs.mkdir()
-    train(stood_up, runs, *JOB)
-    run, counts = counted(monkeypatch, tmp_path, lambda: train(stood_up, runs, *JOB))
+    # test_builtin_tasks.py, earlier in the group (tests/conftest.py), ran this job to its end on this cluster: the
+    # first train() finds it finished (run alone, this module trains it first).
+    train(stood_up, runs, *LINK_PREDICTION)
+    run, counts = counted(monkeypatch, tmp_path, lambda: train(stood_up, runs, *LINK_PREDICTION))
     assert "finished before" in run.output and run.changed_hosts() == [], run.recap
     limits = bounds(stood_up, TRAIN_BOUND)
     assert set(counts) == set(limits) and all(counts[h] <= limits[h] for h in limits), (counts, limits)

@@ -2,7 +2,7 @@
 workers) whose nodes talk over a second network (`dglkit_cluster_address` differs from `ansible_host`) and each run
 their own venv (`dglkit_python_env_location: per_node`, none on the workspace): outputs in original node order
 across two partitions, samplers, the `files` and offline `ogbn-*` datasets through train.yml, `dgl_job_force`,
-fail-fast across nodes with the controller gone, the failure message, playbooks/preflight.yml, a launcher that
+fail-fast across nodes with the controller gone, playbooks/preflight.yml, a launcher that
 fails its own pre-flight, stop.yml's leftover report, a resize to 3 workers (ip_config, host keys, a GraphBolt job)
 and back, and, last (it caps the storage host's memory), partitioning across the workers where the storage host
 cannot alone.
