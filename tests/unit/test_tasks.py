@@ -23,18 +23,18 @@ RANDOM_RANKER_MRR = sum(1 / rank for rank in range(1, 102)) / 101  # rank unifor
 
 
 def local_job(part_config: Path, tmp_path_factory: pytest.TempPathFactory, name: str, *train_args: str,
-              kill_after: int = 0, resume: bool = False) -> tuple[Path, list[dict]]:
-    """A finished --local job (2 servers, 2 trainers): (job dir, metrics). With kill_after, trainer 1 is killed
-    once that many epochs are checkpointed, and the job's one restart must finish it; with resume, the job has no
-    restart and fails, and runs again as train.yml runs it with dgl_job_resume (`dglkit jobdir --resume true`:
-    the failed run moves to history/1/, its checkpoint stays)."""
+              kills: tuple[int, int] | None = None) -> tuple[Path, list[dict]]:
+    """A finished --local job (2 servers, 2 trainers): (job dir, metrics). With kills (a, b), trainer 1 is killed
+    twice, each time resuming another way: once a epochs are checkpointed, and the job's one restart goes on; once b
+    are, and with no restart left the job fails, then runs again as train.yml runs it with dgl_job_resume
+    (`dglkit jobdir --resume true`: the failed run moves to history/1/, its checkpoint stays)."""
     job_dir = tmp_path_factory.mktemp("jobs") / name
-    restarts = ["--max-restarts", 0 if resume else 1, "--grace", 5, "--restart-wait", 30] if kill_after else []
+    restarts = ["--max-restarts", 1, "--grace", 5, "--restart-wait", 30] if kills else []
     args = ["--batch-size", "100", "--num-hidden", "16", "--log-every", "5", "--seed", "1", *train_args]
     launch, _ = start_local_job(job_dir, part_config, "node0", *restarts, train_args=args)
-    if kill_after:
-        kill_trainer_after(job_dir, launch, kill_after, "node0")
-    if resume:
+    if kills:
+        for epochs in kills:
+            kill_trainer_after(job_dir, launch, epochs, "node0")
         assert launch.wait(timeout=120) != 0, (job_dir / "launch.out").read_text()[-3000:]
         build("jobdir", "--job-dir", job_dir, "--nodes", "node0", "--resume", "true", "--config", "{}", "--settings", "{}")
         launch, _ = start_local_job(job_dir, part_config, "node0", train_args=args)
@@ -49,15 +49,17 @@ def one_part(dataset: Path, graph_name: str, tmp_path_factory: pytest.TempPathFa
     return out / f"{graph_name}.json"
 
 
-def assert_resumed(job_dir: Path, metrics: list[dict], epochs: int, killed_after: int, resume: bool) -> dict:
-    """The killed attempt's checkpoint was resumed: at most one epoch (the checkpoint interval) ran twice, and the
-    curves hold every epoch once. Returns the resume record."""
-    failed = job_dir / ("history/1/FAILED" if resume else "attempts/1/FAILED")
-    assert json.loads(failed.read_text())["process"] == "trainer-1"
+def assert_resumed(job_dir: Path, metrics: list[dict], epochs: int, kills: tuple[int, int]) -> list[dict]:
+    """Both kills of local_job were resumed from the checkpoint: at most one epoch (the checkpoint interval) ran
+    twice each time, and the curves hold every epoch once. Returns the two resume records."""
+    for failed in ("history/1/attempts/1/FAILED", "history/1/FAILED"):  # the restarted attempt, the failed run
+        assert json.loads((job_dir / failed).read_text())["process"] == "trainer-1", failed
     assert [m["epoch"] for m in metrics if m["event"] == "epoch"] == list(range(epochs))
-    resume = next(m for m in metrics if m["event"] == "resume")
-    assert killed_after - 1 <= resume["epoch"] < epochs, resume
-    return resume
+    resumes = [m for m in metrics if m["event"] == "resume"]
+    assert len(resumes) == 2, resumes
+    for kill, resume, end in zip(kills, resumes, (kills[1], epochs)):
+        assert kill - 1 <= resume["epoch"] < end, resumes
+    return resumes
 
 
 @pytest.fixture(scope="module")
@@ -143,18 +145,13 @@ def test_rgcn_learns_featureless_types_and_writes_outputs_in_original_ids(hetero
     assert (job_dir / "model.pt").is_file() and (job_dir / "model-best.pt").is_file()
 
 
-# The launcher's automatic restart, and dgl_job_resume after a failed run: both continue from the checkpoint.
-RESUMES = pytest.mark.parametrize("resume", [False, True], ids=["restart", "dgl_job_resume"])
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(700)
-@RESUMES
 def test_rgcn_resumes_with_its_learnt_embeddings_after_a_trainer_is_killed(hetero_partition_1, rgcn_job,
-                                                                         tmp_path_factory, resume):
-    job_dir, metrics = local_job(hetero_partition_1, tmp_path_factory, "rgcn-killed", *RGCN_ARGS, kill_after=3,
-                                 resume=resume)
-    resumed = assert_resumed(job_dir, metrics, 6, 3, resume)
+                                                                         tmp_path_factory):
+    """Through the launcher's restart, then through dgl_job_resume after the job failed."""
+    job_dir, metrics = local_job(hetero_partition_1, tmp_path_factory, "rgcn-killed", *RGCN_ARGS, kills=(2, 4))
+    resumed = assert_resumed(job_dir, metrics, 6, (2, 4))
     # Every row of the three featureless types' embeddings (1500 + 30 + 15) came back with its optimizer state.
     assert "with 1545 rows of learnt embeddings" in (job_dir / "nodes/node0/trainer-0.log").read_text()
     assert sorted(p.name for p in (job_dir / "checkpoint-sparse").iterdir()) == ["5-0.pt", "5-1.pt"]
@@ -210,12 +207,11 @@ def test_link_prediction_ranks_held_out_edges_well_above_random(link_job):
 
 @pytest.mark.slow
 @pytest.mark.timeout(700)
-@RESUMES
 def test_link_prediction_resumes_from_its_checkpoint_after_a_trainer_is_killed(link_partition_1, link_job,
-                                                                               tmp_path_factory, resume):
-    job_dir, metrics = local_job(link_partition_1, tmp_path_factory, "lp-killed", *LINK_ARGS, kill_after=2,
-                                 resume=resume)
-    assert_resumed(job_dir, metrics, 4, 2, resume)
+                                                                               tmp_path_factory):
+    """Through the launcher's restart, then through dgl_job_resume after the job failed."""
+    job_dir, metrics = local_job(link_partition_1, tmp_path_factory, "lp-killed", *LINK_ARGS, kills=(1, 2))
+    assert_resumed(job_dir, metrics, 4, (1, 2))
     uninterrupted = link_job[1][-1]["best_test_mrr"]
     assert metrics[-1]["best_test_mrr"] > max(2 * RANDOM_RANKER_MRR, 0.8 * uninterrupted), (metrics[-1], uninterrupted)
 
