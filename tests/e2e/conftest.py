@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from jobhelpers import JOBS_NODE_DIR, JOBS_SERVER_PORT
 from tests.cluster.clusterclient import Cluster, PlaybookRun, named, testcluster  # noqa: F401 (the tests' types)
 
 KEEP = os.environ.get("DGLKIT_KEEP_CLUSTERS") == "1"
@@ -23,8 +24,9 @@ E2E_TIMEOUT = 1200
 
 
 # test_builtin_tasks, test_collection, test_contacts, test_own_programs and test_train share the training cluster
-# (train_cluster), test_tampering, test_remove_node and test_home_tampering the mesh cluster (mesh_cluster); the
-# order of the modules (test_site.py first, test_train.py last) is tests/conftest.py's.
+# (train_cluster), test_tampering, test_remove_node and test_home_tampering the mesh cluster (mesh_cluster),
+# test_jobs and test_mpi_partition the jobs cluster (jobs_cluster); the order of the modules (test_site.py first,
+# test_train.py last) is tests/conftest.py's.
 NODE3_NAME = "node3.cluster.test"
 
 
@@ -59,13 +61,15 @@ def cluster_factory() -> Iterator[Callable[..., Cluster]]:
             cluster.down()
 
 
-def shared_cluster(name: str, prepare: Callable[[Cluster], None]) -> Iterator[Cluster]:
+def shared_cluster(name: str, prepare: Callable[[Cluster], None], cluster_network: bool = False,
+                   node_dir: str = "") -> Iterator[Cluster]:
     """A 3-host cluster (node1 storage, node2 and node3 workers) for the modules of one group (tests/conftest.py),
-    its inventory completed by prepare(cluster), stood up once with site.yml, down at the end of the session."""
+    its inventory completed by prepare(cluster), stood up once with site.yml, down at the end of the session.
+    cluster_network and node_dir as cluster_factory's."""
     if os.geteuid() != 0:
         pytest.skip("test clusters need root")
     cluster = named(name)
-    cluster.up(3, False, False)
+    cluster.up(3, False, cluster_network, node_dir)
     try:
         prepare(cluster)
         cluster.stand_up()
@@ -85,6 +89,15 @@ def mesh_on(cluster: Cluster) -> None:
     (cluster.inventory / "group_vars/all/mesh.yml").write_text("dglkit_ssh_mesh: true\n")
 
 
+def jobs_settings(cluster: Cluster) -> None:
+    # The mesh is opt-in: test_jobs' resize checks that the old nodes trust a new one over the cluster network, and
+    # test_mpi_partition's builder runs its ranks over it. A server port other than the default: ip_config.txt, the
+    # firewall and the job must all follow it.
+    (cluster.inventory / "group_vars/all/jobs.yml").write_text(
+        f"dglkit_ssh_mesh: true\ndglkit_mpi: true\ndglkit_server_port: {JOBS_SERVER_PORT}\n"
+        "dglkit_python_env_location: per_node\n")
+
+
 @pytest.fixture(scope="session")
 def train_cluster() -> Iterator[Cluster]:
     """The training modules' cluster; node3's cluster address is a host name that resolves on the controller alone
@@ -99,6 +112,14 @@ def mesh_cluster() -> Iterator[Cluster]:
     test_tampering reboots node3, test_remove_node takes it out and brings it back, test_home_tampering's last test
     takes it out for good."""
     yield from shared_cluster("mesh", mesh_on)
+
+
+@pytest.fixture(scope="session")
+def jobs_cluster() -> Iterator[Cluster]:
+    """The cluster of test_jobs and then test_mpi_partition: node-to-node traffic on a second network
+    (`dglkit_cluster_address` differs from `ansible_host`), every host's own venv in its own directory
+    (`dglkit_python_env_location: per_node`), the SSH mesh and Open MPI on."""
+    yield from shared_cluster("jobs", jobs_settings, cluster_network=True, node_dir=JOBS_NODE_DIR)
 
 
 @pytest.fixture(scope="session")

@@ -12,6 +12,11 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from conftest import Cluster, PlaybookRun
 
+# The jobs cluster's (conftest.py's jobs_cluster): each host's own directory, which holds its venv, and the DGL
+# server port, other than the default.
+JOBS_NODE_DIR = "/opt/dglkit"
+JOBS_SERVER_PORT = 30150
+
 
 def as_job_user(command: str) -> str:
     """A shell command as the job account (the default dglkit_user)."""

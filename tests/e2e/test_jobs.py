@@ -1,6 +1,7 @@
-"""Claims about jobs that the training tests leave open, on one 3-host cluster (node1 storage, node2 and node3
-workers) whose nodes talk over a second network (`dglkit_cluster_address` differs from `ansible_host`) and each run
-their own venv (`dglkit_python_env_location: per_node`, none on the workspace): outputs in original node order
+"""Claims about jobs that the training tests leave open, on the jobs cluster (conftest.py's jobs_cluster: node1
+storage, node2 and node3 workers) whose nodes talk over a second network (`dglkit_cluster_address` differs from
+`ansible_host`) and each run their own venv (`dglkit_python_env_location: per_node`, none on the workspace), before
+test_mpi_partition runs on it: outputs in original node order
 across two partitions, samplers, the `files` and offline `ogbn-*` datasets through train.yml, `dgl_job_force`,
 fail-fast across nodes with the controller gone, playbooks/preflight.yml, a launcher that
 fails its own pre-flight, stop.yml's leftover report, a resize to 3 workers (ip_config, host keys, a GraphBolt job)
@@ -18,23 +19,32 @@ import re
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 import pytest
 
-from jobhelpers import assert_clean, flat, run_folder, start_train, stop_background, train, workers, working_set
+from jobhelpers import (
+    JOBS_NODE_DIR,
+    JOBS_SERVER_PORT,
+    assert_clean,
+    flat,
+    run_folder,
+    start_train,
+    stop_background,
+    train,
+    workers,
+    working_set,
+)
 
 if TYPE_CHECKING:
     from conftest import Cluster
 
 WORKSPACE = "/srv/dglkit"
-# Every host's own venv (dglkit_python_env_location: per_node), in the host's own directory at /opt/dglkit.
-NODE_DIR = "/opt/dglkit"
-VENV = f"{NODE_DIR}/venv"
-PORT = 30150  # dglkit_server_port of this module's cluster
+# Every host's own venv (dglkit_python_env_location: per_node), in the host's own directory.
+VENV = f"{JOBS_NODE_DIR}/venv"
 # Fail-fast means fail-fast: no restart may hide the failure (the longjobs branch adds restarts).
 NO_RESTARTS = ["-e", "dgl_job_max_restarts=0"]
 JOB = ["-e", "dgl_job_synthetic_nodes=20000", "-e", "dgl_job_epochs=3", "-e", "dgl_job_batch_size=100"]
@@ -49,14 +59,8 @@ SMALL_NODES, SMALL_CLASSES = 3000, 4
 
 
 @pytest.fixture(scope="module")
-def site(cluster_factory: Callable[..., Cluster]) -> Cluster:
-    cluster = cluster_factory("jobs", 3, cluster_network=True, node_dir=NODE_DIR)
-    # The mesh is opt-in: the resize test checks that the old nodes trust a new one over the cluster network.
-    # A server port other than the default: ip_config.txt, the firewall and the job must all follow it.
-    (cluster.inventory / "group_vars/all/jobs.yml").write_text(
-        f"dglkit_ssh_mesh: true\ndglkit_server_port: {PORT}\ndglkit_python_env_location: per_node\n")
-    cluster.stand_up()
-    return cluster
+def site(jobs_cluster: Cluster) -> Cluster:
+    return jobs_cluster
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +77,7 @@ def stop_background_jobs(site: Cluster) -> Iterator[None]:
 def ip_config_of_workers(cluster: Cluster) -> list[str]:
     """ip_config.txt as site.yml must render it: the workers' cluster addresses, in inventory order."""
     addresses = cluster.cluster_addresses()
-    return [f"{addresses[host]} {PORT}" for host in workers(cluster)]
+    return [f"{addresses[host]} {JOBS_SERVER_PORT}" for host in workers(cluster)]
 
 
 def wait_for_epoch(cluster: Cluster, job_id: str, playbook: subprocess.Popen, timeout: float = 600) -> None:
@@ -168,7 +172,7 @@ def test_every_host_has_its_own_venv_and_the_job_ran_with_it(site: Cluster, runs
     # The job above trained, and no venv exists on the workspace: it ran with the hosts' own.
     assert not (site.workspace / "venv").exists()
     for host in site.hosts():
-        assert site.ssh(host, f"findmnt -no TARGET -T {VENV}").stdout.split() == [NODE_DIR], host
+        assert site.ssh(host, f"findmnt -no TARGET -T {VENV}").stdout.split() == [JOBS_NODE_DIR], host
         site.ssh(host, f"test -x {VENV}/bin/python && grep -qx {WORKSPACE}/app {VENV}/lib/python3*/site-packages/"
                        "dglkit-app.pth")
     for host in workers(site):
@@ -245,8 +249,8 @@ def fail_without_controller(site: Cluster, runs: Path, job_id: str, node: str, p
             preflight.output[-4000:]
     # DGL's servers listen on the cluster network (the second one), nowhere else.
     for host in workers(site):
-        listening = site.ssh(host, f"ss -Hltn 'sport = :{PORT}'").stdout.split()
-        assert f"{site.cluster_addresses()[host]}:{PORT}" in listening, (host, listening)
+        listening = site.ssh(host, f"ss -Hltn 'sport = :{JOBS_SERVER_PORT}'").stdout.split()
+        assert f"{site.cluster_addresses()[host]}:{JOBS_SERVER_PORT}" in listening, (host, listening)
         # Every process of the job's unit is one that stop.yml's leftover check finds.
         in_unit = {int(pid) for pid, unit in map(str.split, site.ssh(host, "ps -e -o pid=,unit=").stdout.splitlines())
                    if unit == "dglkit-job.service"}
@@ -282,14 +286,14 @@ def test_a_killed_trainer_stops_every_node_without_the_controller(site: Cluster,
 
 def test_preflight_names_a_busy_port(site: Cluster) -> None:
     address = site.cluster_addresses()["node2"]
-    site.ssh("node2", f"systemd-run --unit=clm-busy-port python3 -m http.server {PORT} --bind {address}")
+    site.ssh("node2", f"systemd-run --unit=clm-busy-port python3 -m http.server {JOBS_SERVER_PORT} --bind {address}")
     try:
-        site.ssh("node2", f"for i in $(seq 50); do ss -ltn | grep -q ':{PORT} ' && exit 0; sleep 0.2; done; exit 1")
+        site.ssh("node2", f"for i in $(seq 50); do ss -ltn | grep -q ':{JOBS_SERVER_PORT} ' && exit 0; sleep 0.2; done; exit 1")
         run = site.playbook("playbooks/preflight.yml", check=False)
     finally:
         site.ssh("node2", "systemctl stop clm-busy-port")
     assert run.failed_hosts() == ["node2"], f"{run.recap}\n{run.output[-3000:]}"
-    assert f"node2: port(s) {PORT} on {address} in use" in flat(run.output), run.output[-3000:]
+    assert f"node2: port(s) {JOBS_SERVER_PORT} on {address} in use" in flat(run.output), run.output[-3000:]
 
 
 def test_preflight_names_a_workspace_that_is_not_shared(site: Cluster) -> None:
@@ -326,8 +330,8 @@ def test_a_launcher_that_fails_its_own_preflight_is_named_with_its_line(site: Cl
     dropin = "/etc/systemd/system/dglkit-job.service.d/clm-squat.conf"
     site.ssh("node3", f"""mkdir -p {Path(dropin).parent} && cat > {dropin} <<'EOF'
 [Service]
-ExecStartPre=+systemd-run --unit=clm-squat python3 -m http.server {PORT} --bind {address}
-ExecStartPre=+/bin/sh -c 'until ss -Hltn "sport = :{PORT}" | grep -q .; do sleep 0.1; done'
+ExecStartPre=+systemd-run --unit=clm-squat python3 -m http.server {JOBS_SERVER_PORT} --bind {address}
+ExecStartPre=+/bin/sh -c 'until ss -Hltn "sport = :{JOBS_SERVER_PORT}" | grep -q .; do sleep 0.1; done'
 ExecStopPost=+systemctl stop clm-squat
 EOF
 systemctl daemon-reload""")
@@ -336,7 +340,7 @@ systemctl daemon-reload""")
                     check=False)
     finally:
         site.ssh("node3", f"rm {dropin} && systemctl daemon-reload && systemctl stop clm-squat || true")
-    line = (f"dglkit launch: error: port {PORT} on {address} (DGL server 0) is not free: Address already in use; "
+    line = (f"dglkit launch: error: port {JOBS_SERVER_PORT} on {address} (DGL server 0) is not free: Address already in use; "
             "stop what holds it or choose another port")
     assert (runs / "clm-preflight/nodes/node3/unit.log").read_text().splitlines()[-1] == line
     assert run.returncode != 0
@@ -351,7 +355,7 @@ def test_stop_reports_what_a_job_left(site: Cluster) -> None:
     # node3: a DGL segment.
     job_dir = site.ssh("node2", "systemctl show -P WorkingDirectory dglkit-job").stdout.strip()
     assert job_dir.startswith(f"{WORKSPACE}/jobs/"), job_dir
-    escaped = f"{VENV}/bin/python -m http.server {PORT} --bind {site.cluster_addresses()['node2']}"
+    escaped = f"{VENV}/bin/python -m http.server {JOBS_SERVER_PORT} --bind {site.cluster_addresses()['node2']}"
     site.ssh("node2", f"systemd-run --unit=clm-escaped --uid=dglkit --gid=dglkit -E DGLKIT_OUTPUT_DIR={job_dir} "
                       f"-E DGL_ROLE=server {escaped}")
     leftover = "/dev/shm/node~_N~feat-kvdata-"

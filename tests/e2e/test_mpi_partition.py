@@ -1,5 +1,6 @@
-"""dgl_job_partition_builder: mpi through train.yml on a cluster of its own (node1 storage, node2 and node3
-workers; dglkit_mpi and dglkit_ssh_mesh on): a worker host cut off mid-partition fails the step naming it
+"""dgl_job_partition_builder: mpi through train.yml on the jobs cluster after test_jobs (conftest.py's jobs_cluster:
+node1 storage, node2 and node3 workers, each with its own venv; dglkit_mpi and dglkit_ssh_mesh on; the ranks talk over
+the cluster's second network): a worker host cut off mid-partition fails the step naming it
 and leaves no partition, and the next run writes no chunk again; with every host's memory capped below what
 the single-host path needs for a graph whose features dominate, the workers write the synthetic graph chunk
 by chunk (each its own chunk, the storage host metadata.json and dataset.json only: no host holds the graph),
@@ -15,7 +16,6 @@ import json
 import re
 import subprocess
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -23,13 +23,13 @@ import numpy as np
 import pytest
 
 from dglkit.settings import SETTINGS
-from jobhelpers import assert_clean, flat, kill, run_folder, start_train, train, working_set
+from jobhelpers import JOBS_NODE_DIR, assert_clean, flat, kill, run_folder, start_train, train, working_set
 
 if TYPE_CHECKING:
     from conftest import Cluster
 
 WORKSPACE = "/srv/dglkit"
-VENV = f"{WORKSPACE}/venv"
+VENV = f"{JOBS_NODE_DIR}/venv"  # every host's own (dglkit_python_env_location: per_node)
 WORKERS = ["node2", "node3"]
 # Features dominate (160k nodes x 2048 floats, 1.3 GB): the single-host path holds them all, a rank of the mpi
 # builder, a server and a trainer their part's. Few, small batches keep the training short.
@@ -47,11 +47,8 @@ MEDIUM = ["-e", "dgl_job_synthetic_nodes=400000", "-e", "dgl_job_synthetic_feat_
 
 
 @pytest.fixture(scope="module")
-def site(cluster_factory: Callable[..., Cluster]) -> Cluster:
-    cluster = cluster_factory("mpi", 3)
-    (cluster.inventory / "group_vars/all/mpi.yml").write_text("dglkit_ssh_mesh: true\ndglkit_mpi: true\n")
-    cluster.stand_up()
-    return cluster
+def site(jobs_cluster: Cluster) -> Cluster:
+    return jobs_cluster
 
 
 @pytest.fixture(scope="module")
