@@ -12,9 +12,10 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from conftest import Cluster, PlaybookRun
 
-# The jobs cluster's (conftest.py's jobs_cluster): each host's own directory, which holds its venv, and the DGL
-# server port, other than the default.
+# The jobs cluster's (conftest.py's jobs_cluster): each host's own directory, which holds its venv
+# (dglkit_python_env_location: per_node), and the DGL server port, other than the default.
 JOBS_NODE_DIR = "/opt/dglkit"
+JOBS_VENV = f"{JOBS_NODE_DIR}/venv"
 JOBS_SERVER_PORT = 30150
 
 

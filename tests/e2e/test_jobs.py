@@ -29,6 +29,7 @@ import pytest
 from jobhelpers import (
     JOBS_NODE_DIR,
     JOBS_SERVER_PORT,
+    JOBS_VENV,
     assert_clean,
     flat,
     run_folder,
@@ -43,8 +44,6 @@ if TYPE_CHECKING:
     from conftest import Cluster
 
 WORKSPACE = "/srv/dglkit"
-# Every host's own venv (dglkit_python_env_location: per_node), in the host's own directory.
-VENV = f"{JOBS_NODE_DIR}/venv"
 # Fail-fast means fail-fast: no restart may hide the failure (the longjobs branch adds restarts).
 NO_RESTARTS = ["-e", "dgl_job_max_restarts=0"]
 JOB = ["-e", "dgl_job_synthetic_nodes=20000", "-e", "dgl_job_epochs=3", "-e", "dgl_job_batch_size=100"]
@@ -172,14 +171,14 @@ def test_every_host_has_its_own_venv_and_the_job_ran_with_it(site: Cluster, runs
     # The job above trained, and no venv exists on the workspace: it ran with the hosts' own.
     assert not (site.workspace / "venv").exists()
     for host in site.hosts():
-        assert site.ssh(host, f"findmnt -no TARGET -T {VENV}").stdout.split() == [JOBS_NODE_DIR], host
-        site.ssh(host, f"test -x {VENV}/bin/python && grep -qx {WORKSPACE}/app {VENV}/lib/python3*/site-packages/"
+        assert site.ssh(host, f"findmnt -no TARGET -T {JOBS_VENV}").stdout.split() == [JOBS_NODE_DIR], host
+        site.ssh(host, f"test -x {JOBS_VENV}/bin/python && grep -qx {WORKSPACE}/app {JOBS_VENV}/lib/python3*/site-packages/"
                        "dglkit-app.pth")
     for host in workers(site):
         exec_start = next(line for line in site.ssh(host, "systemctl cat dglkit-job").stdout.splitlines()
                           if line.startswith("ExecStart="))
         # The unit's shell opens unit.log as the job account, then execs the launcher of the node's own venv.
-        assert f"' {VENV}/bin/python -m dglkit launch " in exec_start, exec_start
+        assert f"' {JOBS_VENV}/bin/python -m dglkit launch " in exec_start, exec_start
 
 
 def test_files_dataset_trains_and_force_runs_a_finished_job_again(site: Cluster, runs: Path) -> None:
@@ -230,7 +229,7 @@ def test_ogbn_dataset_from_pre_placed_files_with_no_route_out(site: Cluster, run
 
 def job_processes(cluster: Cluster, host: str, job_dir: str) -> list[str]:
     """What stop.yml's leftover check (dglkit.control.job_processes) finds of a job on a host."""
-    command = f"{VENV}/bin/python -c 'import json, sys; from dglkit.control import job_processes; " \
+    command = f"{JOBS_VENV}/bin/python -c 'import json, sys; from dglkit.control import job_processes; " \
               f"print(json.dumps(job_processes(sys.argv[1])))' {job_dir}"
     return json.loads(cluster.ssh(host, command).stdout)
 
@@ -355,7 +354,7 @@ def test_stop_reports_what_a_job_left(site: Cluster) -> None:
     # node3: a DGL segment.
     job_dir = site.ssh("node2", "systemctl show -P WorkingDirectory dglkit-job").stdout.strip()
     assert job_dir.startswith(f"{WORKSPACE}/jobs/"), job_dir
-    escaped = f"{VENV}/bin/python -m http.server {JOBS_SERVER_PORT} --bind {site.cluster_addresses()['node2']}"
+    escaped = f"{JOBS_VENV}/bin/python -m http.server {JOBS_SERVER_PORT} --bind {site.cluster_addresses()['node2']}"
     site.ssh("node2", f"systemd-run --unit=clm-escaped --uid=dglkit --gid=dglkit -E DGLKIT_OUTPUT_DIR={job_dir} "
                       f"-E DGL_ROLE=server {escaped}")
     leftover = "/dev/shm/node~_N~feat-kvdata-"
@@ -459,7 +458,7 @@ def test_a_capped_storage_host_refuses_to_partition_alone_and_the_workers_build_
         assert float(found[2]) <= float(found[1]) and "dgl_job_partition_builder: distributed" in message
         assert not (site.workspace / "partitions" / f"{dataset_id}-2p").exists(), "written before the refusal"
         # Under the same cap, the storage host's heavy step of the distributed builder runs (METIS).
-        site.ssh("node1", f"runuser -u dglkit -- {VENV}/bin/python -m dglkit partition --dataset-dir "
+        site.ssh("node1", f"runuser -u dglkit -- {JOBS_VENV}/bin/python -m dglkit partition --dataset-dir "
                           f"{WORKSPACE}/datasets/{dataset_id} --out {WORKSPACE}/partitions/capped --num-parts 2 "
                           "--builder distributed --step assign", timeout=300)
         assert (site.workspace / "partitions" / "capped" / "assignment.npy").is_file()

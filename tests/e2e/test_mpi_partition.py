@@ -23,13 +23,12 @@ import numpy as np
 import pytest
 
 from dglkit.settings import SETTINGS
-from jobhelpers import JOBS_NODE_DIR, assert_clean, flat, kill, run_folder, start_train, train, working_set
+from jobhelpers import JOBS_VENV, assert_clean, flat, kill, run_folder, start_train, train, working_set
 
 if TYPE_CHECKING:
     from conftest import Cluster
 
 WORKSPACE = "/srv/dglkit"
-VENV = f"{JOBS_NODE_DIR}/venv"  # every host's own (dglkit_python_env_location: per_node)
 WORKERS = ["node2", "node3"]
 # Features dominate (160k nodes x 2048 floats, 1.3 GB): the single-host path holds them all, a rank of the mpi
 # builder, a server and a trainer their part's. Few, small batches keep the training short.
@@ -234,7 +233,7 @@ def test_rgcn_trains_on_a_heterogeneous_chunked_graph_partitioned_with_mpi(site:
     from dglkit import chunked
 
     graph = f"{WORKSPACE}/datasets/user-hetero-chunks"
-    site.ssh("node1", f"runuser -u dglkit -- {VENV}/bin/python -m dglkit chunked generate --out {graph} --dataset "
+    site.ssh("node1", f"runuser -u dglkit -- {JOBS_VENV}/bin/python -m dglkit chunked generate --out {graph} --dataset "
                       "synthetic-hetero --num-chunks 3 --num-nodes 6000 --num-classes 5 --feat-dim 16 --seed 3",
              timeout=300)
     run = train(site, runs, "-e", "dgl_job_dataset=chunked", "-e", f"dgl_job_chunked_path={graph}", *MPI,

@@ -150,8 +150,9 @@ def test_rgcn_learns_featureless_types_and_writes_outputs_in_original_ids(hetero
 def test_rgcn_resumes_with_its_learnt_embeddings_after_a_trainer_is_killed(hetero_partition_1, rgcn_job,
                                                                          tmp_path_factory):
     """Through the launcher's restart, then through dgl_job_resume after the job failed."""
-    job_dir, metrics = local_job(hetero_partition_1, tmp_path_factory, "rgcn-killed", *RGCN_ARGS, kills=(2, 4))
-    resumed = assert_resumed(job_dir, metrics, 6, (2, 4))
+    kills = (2, 4)  # after these many checkpointed epochs
+    job_dir, metrics = local_job(hetero_partition_1, tmp_path_factory, "rgcn-killed", *RGCN_ARGS, kills=kills)
+    resumed = assert_resumed(job_dir, metrics, 6, kills)
     # Every row of the three featureless types' embeddings (1500 + 30 + 15) came back with its optimizer state.
     assert "with 1545 rows of learnt embeddings" in (job_dir / "nodes/node0/trainer-0.log").read_text()
     assert sorted(p.name for p in (job_dir / "checkpoint-sparse").iterdir()) == ["5-0.pt", "5-1.pt"]
@@ -210,8 +211,9 @@ def test_link_prediction_ranks_held_out_edges_well_above_random(link_job):
 def test_link_prediction_resumes_from_its_checkpoint_after_a_trainer_is_killed(link_partition_1, link_job,
                                                                                tmp_path_factory):
     """Through the launcher's restart, then through dgl_job_resume after the job failed."""
-    job_dir, metrics = local_job(link_partition_1, tmp_path_factory, "lp-killed", *LINK_ARGS, kills=(1, 2))
-    assert_resumed(job_dir, metrics, 4, (1, 2))
+    kills = (1, 2)  # after these many checkpointed epochs
+    job_dir, metrics = local_job(link_partition_1, tmp_path_factory, "lp-killed", *LINK_ARGS, kills=kills)
+    assert_resumed(job_dir, metrics, 4, kills)
     uninterrupted = link_job[1][-1]["best_test_mrr"]
     assert metrics[-1]["best_test_mrr"] > max(2 * RANDOM_RANKER_MRR, 0.8 * uninterrupted), (metrics[-1], uninterrupted)
 
