@@ -115,7 +115,7 @@ def cli(capsys: pytest.CaptureFixture) -> Callable[..., tuple[int, dict | None, 
 def finished_local_job(make_partition: Callable[..., Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A whole --local job (2 servers, 2 trainers, GraphBolt) with embeddings and predictions, run to the end."""
     job_dir = tmp_path_factory.mktemp("jobs") / "local"
-    launch, _ = start_local_job(job_dir, make_partition(1, graphbolt=True), "node0",
+    launch, _ = start_local_job(job_dir, make_partition(1, graphbolt=True), "node0", servers=2,
                                 train_args=[*TRAIN_ARGS, "--graphbolt", "--save-embeddings", "--save-predictions"])
     code = launch.wait(timeout=240)
     assert code == 0, (job_dir / "launch.out").read_text()[-3000:]

@@ -74,13 +74,14 @@ ENDLESS_TRAIN_ARGS = ["--num-epochs", "500", "--batch-size", "100", "--log-every
 
 
 def start_local_job(job_dir: Path, part_config: Path, node: str, *args: object,
-                    train_args: list[str] = TRAIN_ARGS) -> tuple[subprocess.Popen, list[int]]:
-    """A --local job with 2 servers and 2 trainers on free ports: (launcher, [server ports, master port])."""
-    base = free_ports(3)
+                    train_args: list[str] = TRAIN_ARGS, servers: int = 1) -> tuple[subprocess.Popen, list[int]]:
+    """A --local job with `servers` servers (each a process that imports torch and DGL: one unless a test needs
+    backup servers) and 2 trainers on free ports: (launcher, [server ports..., master port])."""
+    base = free_ports(servers + 1)
     launch = start_launch(job_dir, "--local", "--part-config", part_config, "--node-name", node,
-                          "--num-servers", 2, "--num-trainers", 2, "--server-port", base, "--master-port", base + 2,
-                          *args, "--", *train_args)
-    return launch, [base, base + 1, base + 2]
+                          "--num-servers", servers, "--num-trainers", 2, "--server-port", base,
+                          "--master-port", base + servers, *args, "--", *train_args)
+    return launch, list(range(base, base + servers + 1))
 
 
 def epochs_done(job_dir: Path) -> int:

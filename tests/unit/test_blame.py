@@ -17,12 +17,12 @@ COMMAND = "python3 faults.py --graph_name {graph_name} --ip_config {ip_config} -
 
 def start_faulty_job(job_dir: Path, part_config: Path, fail: str, *args: object, samplers: int = 0, fail_id: int = 1,
                      features: str = "feat"):
-    base = free_ports(3)
-    launch = start_launch(job_dir, "--local", "--part-config", part_config, "--node-name", "n1", "--num-servers", 2,
+    base = free_ports(2)
+    launch = start_launch(job_dir, "--local", "--part-config", part_config, "--node-name", "n1", "--num-servers", 1,
                           "--num-trainers", 2, "--num-samplers", samplers, "--server-port", base,
-                          "--master-port", base + 2, "--grace", 5, "--program-dir", FAULTS, *args,
+                          "--master-port", base + 1, "--grace", 5, "--program-dir", FAULTS, *args,
                           "--command", COMMAND + f"--fail {fail} --fail_id {fail_id} --features {features}")
-    return launch, [base, base + 1, base + 2]
+    return launch, [base, base + 1]
 
 
 @pytest.mark.slow

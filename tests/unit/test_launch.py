@@ -106,7 +106,9 @@ def test_distributed_run_from_job_json(partition_1, tmp_path):
 def test_killed_process_stops_the_job_and_leaves_nothing(victim, partition_1, tmp_path):
     job_dir = tmp_path / "job"
     shm_before = set(os.listdir("/dev/shm"))
-    launch, ports = start_local_job(job_dir, partition_1, "n1", "--grace", 5, train_args=ENDLESS_TRAIN_ARGS)
+    # server-1 is a backup server: its end stops the job as the main server's would.
+    launch, ports = start_local_job(job_dir, partition_1, "n1", "--grace", 5, train_args=ENDLESS_TRAIN_ARGS,
+                                    servers=2)
     node_dir = job_dir / "nodes/n1"
     wait_for_first_epoch(launch, node_dir / "trainer-1.log")
     processes = {p["name"]: p["pid"] for p in json.loads((node_dir / "status.json").read_text())["processes"]}

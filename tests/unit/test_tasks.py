@@ -24,7 +24,7 @@ RANDOM_RANKER_MRR = sum(1 / rank for rank in range(1, 102)) / 101  # rank unifor
 
 def local_job(part_config: Path, tmp_path_factory: pytest.TempPathFactory, name: str, *train_args: str,
               kills: tuple[int, int] | None = None) -> tuple[Path, list[dict]]:
-    """A finished --local job (2 servers, 2 trainers): (job dir, metrics). With kills (a, b), trainer 1 is killed
+    """A finished --local job (a server, 2 trainers): (job dir, metrics). With kills (a, b), trainer 1 is killed
     twice, each time resuming another way: once a epochs are checkpointed, and the job's one restart goes on; once b
     are, and with no restart left the job fails, then runs again as train.yml runs it with dgl_job_resume
     (`dglkit jobdir --resume true`: the failed run moves to history/1/, its checkpoint stays)."""
