@@ -3,8 +3,7 @@ after another kept the machine's two cores about three-quarters busy (SSH round 
 
 Tests that share a module or session fixture run in one worker, as one group: each module, except the unit tier (its
 partitions and finished local job are session fixtures), the VM tier (one VM lab) and the modules on the training
-cluster (TRAINING_CLUSTER: tests/e2e/conftest.py's train_cluster), on the mesh cluster (MESH_CLUSTER) and on the jobs
-cluster (JOBS_CLUSTER). The groups
+cluster (TRAINING_CLUSTER: tests/e2e/conftest.py's train_cluster) and on the jobs cluster (JOBS_CLUSTER). The groups
 start in the order below. test_site.py comes first: its real pip install builds the venv seed that every later
 cluster and the VM lab start from (they wait for it: staging.seed_lock), while the other worker runs the unit tier.
 """
@@ -23,20 +22,18 @@ if TYPE_CHECKING:
 
 TESTS = Path(__file__).parent
 TRAINING_CLUSTER = {"test_builtin_tasks.py", "test_collection.py", "test_contacts.py", "test_own_programs.py",
-                    "test_train.py"}
-MESH_CLUSTER = {"test_tampering.py", "test_remove_node.py", "test_home_tampering.py"}
-JOBS_CLUSTER = {"test_jobs.py", "test_mpi_partition.py"}
-SHARED_CLUSTERS = {**dict.fromkeys(TRAINING_CLUSTER, "training-cluster"), **dict.fromkeys(MESH_CLUSTER, "mesh-cluster"),
-                   **dict.fromkeys(JOBS_CLUSTER, "jobs-cluster")}
-# The modules of a shared cluster that must come later in their group (others first): they take hosts down or out,
-# or (test_mpi_partition) cut one off mid-partition.
-LATER = {"test_train.py": 1, "test_remove_node.py": 1, "test_home_tampering.py": 2, "test_mpi_partition.py": 1}
+                    "test_train.py", "test_tampering.py"}
+JOBS_CLUSTER = {"test_jobs.py", "test_mpi_partition.py", "test_remove_node.py", "test_home_tampering.py"}
+SHARED_CLUSTERS = {**dict.fromkeys(TRAINING_CLUSTER, "training-cluster"), **dict.fromkeys(JOBS_CLUSTER, "jobs-cluster")}
+# The modules of a shared cluster that must come later in their group, in this order (others first): they take
+# hosts down or out, reboot one (test_tampering) or cut one off mid-partition (test_mpi_partition).
+LATER = {"test_train.py": 1, "test_tampering.py": 2, "test_mpi_partition.py": 1, "test_remove_node.py": 2,
+         "test_home_tampering.py": 3}
 # Group (or tier) -> its place; groups of one place start in collection order. test_site.py and the unit tier,
-# then the longest groups first (training cluster, VM tier, jobs cluster, mesh cluster: many minutes each), the
-# other e2e modules (a few minutes each), the kit's small modules last: a worker that finishes early takes the next
-# group, so short groups at the end let the two workers end close together.
-ORDER = {"e2e/test_site.py": 0, "unit": 1, "training-cluster": 2, "vm": 3, "jobs-cluster": 4, "mesh-cluster": 5,
-         "e2e": 6, "kit": 7}
+# then the longest groups first (jobs cluster, training cluster, VM tier: many minutes each), the other e2e modules
+# (a few minutes each), the kit's small modules last: a worker that finishes early takes the next group, so short
+# groups at the end let the two workers end close together.
+ORDER = {"e2e/test_site.py": 0, "unit": 1, "jobs-cluster": 2, "training-cluster": 3, "vm": 4, "e2e": 5, "kit": 6}
 
 
 def group(module: Path) -> str:

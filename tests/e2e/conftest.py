@@ -23,10 +23,9 @@ KEEP = os.environ.get("DGLKIT_KEEP_CLUSTERS") == "1"
 E2E_TIMEOUT = 1200
 
 
-# test_builtin_tasks, test_collection, test_contacts, test_own_programs and test_train share the training cluster
-# (train_cluster), test_tampering, test_remove_node and test_home_tampering the mesh cluster (mesh_cluster),
-# test_jobs and test_mpi_partition the jobs cluster (jobs_cluster); the order of the modules (test_site.py first,
-# test_train.py last) is tests/conftest.py's.
+# test_builtin_tasks, test_collection, test_contacts, test_own_programs, test_train and test_tampering share the
+# training cluster (train_cluster); test_jobs, test_mpi_partition, test_remove_node and test_home_tampering the jobs
+# cluster (jobs_cluster); the order of the modules is tests/conftest.py's.
 NODE3_NAME = "node3.cluster.test"
 
 
@@ -85,10 +84,6 @@ def name_node3(cluster: Cluster) -> None:
     (cluster.inventory / "host_vars/node3.yml").write_text(f"dglkit_cluster_address: {NODE3_NAME}\n")
 
 
-def mesh_on(cluster: Cluster) -> None:
-    (cluster.inventory / "group_vars/all/mesh.yml").write_text("dglkit_ssh_mesh: true\n")
-
-
 def jobs_settings(cluster: Cluster) -> None:
     # The mesh is opt-in: test_jobs' resize checks that the old nodes trust a new one over the cluster network, and
     # test_mpi_partition's builder runs its ranks over it. A server port other than the default: ip_config.txt, the
@@ -107,16 +102,9 @@ def train_cluster() -> Iterator[Cluster]:
 
 
 @pytest.fixture(scope="session")
-def mesh_cluster() -> Iterator[Cluster]:
-    """The cluster, SSH mesh on, of test_tampering, test_remove_node and test_home_tampering, in this order:
-    test_tampering reboots node3, test_remove_node takes it out and brings it back, test_home_tampering's last test
-    takes it out for good."""
-    yield from shared_cluster("mesh", mesh_on)
-
-
-@pytest.fixture(scope="session")
 def jobs_cluster() -> Iterator[Cluster]:
-    """The cluster of test_jobs and then test_mpi_partition: node-to-node traffic on a second network
+    """The cluster of test_jobs, then test_mpi_partition, test_remove_node (takes node3 out and brings it back) and
+    test_home_tampering (its last test takes node3 out for good): node-to-node traffic on a second network
     (`dglkit_cluster_address` differs from `ansible_host`), every host's own venv in its own directory
     (`dglkit_python_env_location: per_node`), the SSH mesh and Open MPI on."""
     yield from shared_cluster("jobs", jobs_settings, cluster_network=True, node_dir=JOBS_NODE_DIR)

@@ -45,6 +45,12 @@ def workers(cluster: Cluster) -> list[str]:
     return list(cluster.workers())
 
 
+def ip_config_of_workers(cluster: Cluster) -> list[str]:
+    """ip_config.txt on the jobs cluster as site.yml must render it: the workers' cluster addresses, in inventory order."""
+    addresses = cluster.cluster_addresses()
+    return [f"{addresses[host]} {JOBS_SERVER_PORT}" for host in workers(cluster)]
+
+
 def working_set(cluster: Cluster, host: str) -> int:
     """The host's memory in use as its memory cgroup counts it, less the inactive file cache."""
     stat = dict(line.split() for line in cluster.ssh(host, "cat /sys/fs/cgroup/memory/memory.stat").stdout.splitlines())

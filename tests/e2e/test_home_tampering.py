@@ -4,8 +4,8 @@ at every name the kit touches there (~/.ansible, ~/.ansible/tmp, ~/.ssh, the mes
 The real playbooks then run as usual. Nothing outside the home changes (owner, mode, names and content of the
 root-owned directory and its files), no playbook hangs on a FIFO, nothing root-only reaches a file the account
 reads, and the account's paths are repaired: the mesh works again and a second site.yml changes nothing.
-On the mesh cluster (conftest.mesh_cluster: node1 storage, node2 and node3 workers, the SSH mesh on), after
-test_tampering and test_remove_node: its last test takes node3 out. The tests run in file order.
+On the jobs cluster (conftest.jobs_cluster: node1 storage, node2 and node3 workers, the SSH mesh on), after
+test_remove_node: its last test takes node3 out. The tests run in file order.
 """
 from __future__ import annotations
 
@@ -36,8 +36,8 @@ REPAIRED = [".ansible directory dglkit 700", ".ansible/tmp directory dglkit 700"
 
 
 @pytest.fixture(scope="module")
-def site(mesh_cluster: Cluster) -> Cluster:
-    return mesh_cluster
+def site(jobs_cluster: Cluster) -> Cluster:
+    return jobs_cluster
 
 
 def targets(site: Cluster) -> dict[str, str]:

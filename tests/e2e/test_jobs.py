@@ -32,6 +32,7 @@ from jobhelpers import (
     JOBS_VENV,
     assert_clean,
     flat,
+    ip_config_of_workers,
     run_folder,
     start_train,
     stop_background,
@@ -71,12 +72,6 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def stop_background_jobs(site: Cluster) -> Iterator[None]:
     yield
     stop_background(site)
-
-
-def ip_config_of_workers(cluster: Cluster) -> list[str]:
-    """ip_config.txt as site.yml must render it: the workers' cluster addresses, in inventory order."""
-    addresses = cluster.cluster_addresses()
-    return [f"{addresses[host]} {JOBS_SERVER_PORT}" for host in workers(cluster)]
 
 
 def wait_for_epoch(cluster: Cluster, job_id: str, playbook: subprocess.Popen, timeout: float = 600) -> None:

@@ -1,4 +1,5 @@
-"""playbooks/remove_node.yml on real hosts: node1 storage, node2 and node3 workers, the SSH mesh on. node3 leaves.
+"""playbooks/remove_node.yml on real hosts: node1 storage, node2 and node3 workers, the SSH mesh on, node-to-node
+traffic on a second network. node3 leaves.
 
 A job that runs refuses the removal (and leaves its unit on the workers once stopped); --check changes nothing;
 the removal leaves no trust between node3 and the others in either direction, no kit unit, table or account
@@ -7,11 +8,12 @@ node3 deleted from the inventory, site.yml changes nothing and a job trains on n
 comes back with site.yml. The workspace is the test cluster's own shared directory (`dglkit_shared_fs: existing`):
 the NFS export and mount parts are not exercised here (the kit tier checks the export list).
 
-The tests run in file order on the mesh cluster (conftest.mesh_cluster), after test_tampering's; the last brings
-node3 back for test_home_tampering.
+The tests run in file order on the jobs cluster (conftest.jobs_cluster), after test_mpi_partition's; the last
+brings node3 back for test_home_tampering.
 """
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +22,17 @@ from typing import TYPE_CHECKING
 import pytest
 import yaml
 
-from jobhelpers import as_job_user, flat, mesh_ssh, run_folder, start_train, stop_background, train
+from jobhelpers import (
+    JOBS_SERVER_PORT,
+    as_job_user,
+    flat,
+    ip_config_of_workers,
+    mesh_ssh,
+    run_folder,
+    start_train,
+    stop_background,
+    train,
+)
 
 if TYPE_CHECKING:
     from conftest import Cluster
@@ -39,8 +51,8 @@ KIT_STATE = ("cat /home/dglkit/.ssh/authorized_keys /etc/ssh/dglkit_known_hosts 
 
 
 @pytest.fixture(scope="module")
-def site(mesh_cluster: Cluster) -> Cluster:
-    return mesh_cluster
+def site(jobs_cluster: Cluster) -> Cluster:
+    return jobs_cluster
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +105,8 @@ def test_check_mode_reports_the_removal_and_changes_nothing(site: Cluster) -> No
 
 
 def test_the_leaving_host_and_the_others_no_longer_trust_each_other(site: Cluster) -> None:
-    addresses = site.hosts()
+    # The mesh and the firewall know the hosts by their cluster addresses; known_hosts has their inventory ones too.
+    addresses, inventory_addresses = site.cluster_addresses(), site.hosts()
     site.ssh(LEAVER, f"install -m 600 {MESH_KEY} {KEPT_KEY}")
     # Before: the mesh works both ways with these commands.
     assert site.ssh("node2", as_job_user(key_ssh(MESH_KEY, addresses[LEAVER]))).stdout.strip() == LEAVER
@@ -122,12 +135,13 @@ def test_the_leaving_host_and_the_others_no_longer_trust_each_other(site: Cluste
         assert [line.split()[-1] for line in authorized] == ["node1", "node2"], authorized
         assert all(line.startswith(f'restrict,from="{stay}" ') for line in authorized), authorized
         known = site.ssh(host, "cat /etc/ssh/dglkit_known_hosts /etc/ssh/ssh_config.d/dglkit.conf").stdout
-        assert LEAVER not in known and addresses[LEAVER] not in known, known
+        names = set(re.split(r"[\s,]+", known))
+        assert not {LEAVER, addresses[LEAVER], inventory_addresses[LEAVER]} & names, known
         elements = site.ssh(host, "nft list set inet dglkit cluster").stdout
         assert addresses[LEAVER] not in elements and addresses["node2"] in elements, elements
         other = "node2" if host == "node1" else "node1"
         assert site.ssh(host, mesh_ssh(other)).stdout.strip() == other
-    assert (site.workspace / "ip_config.txt").read_text().splitlines() == [f"{addresses['node2']} 30050"]
+    assert (site.workspace / "ip_config.txt").read_text().splitlines() == [f"{addresses['node2']} {JOBS_SERVER_PORT}"]
 
 
 def test_a_second_removal_changes_nothing(site: Cluster) -> None:
@@ -151,5 +165,4 @@ def test_the_host_comes_back_with_site_yml(site: Cluster) -> None:
     site.playbook("site.yml")
     for host, target in (("node2", LEAVER), (LEAVER, "node2")):
         assert site.ssh(host, mesh_ssh(target)).stdout.strip() == target
-    assert (site.workspace / "ip_config.txt").read_text().splitlines() == \
-        [f"{address} 30050" for address in site.groups()["workers"].values()]
+    assert (site.workspace / "ip_config.txt").read_text().splitlines() == ip_config_of_workers(site)

@@ -4,8 +4,9 @@ sandbox: the unit's log, settings.json, job.json, FAILED files, report's outputs
 Then a worker reboots (its unit starts again), the job is stopped, run again with -e dgl_job_resume=true and its
 results fetched. Nothing root does follows a link the job planted: no root-owned file appears outside the job
 directory, no root-only content reaches the run folder or any playbook's output, and the playbooks name what the
-job replaced instead of crashing. On the mesh cluster (conftest.mesh_cluster: node1 storage, node2 and node3
-workers, the SSH mesh on), first.
+job replaced instead of crashing. The program has a requirements.txt, so its own environment (built by the job
+account on the workspace) is in the attack too. On the training cluster (conftest.train_cluster: node1 storage,
+node2 and node3 workers, the shared venv), after test_train.
 """
 from __future__ import annotations
 
@@ -38,8 +39,8 @@ PWNED = "find / -xdev -name 'pwned-*' -print"
 
 
 @pytest.fixture(scope="module")
-def site(mesh_cluster: Cluster) -> Cluster:
-    return mesh_cluster
+def site(train_cluster: Cluster) -> Cluster:
+    return train_cluster
 
 
 @pytest.fixture(autouse=True)
