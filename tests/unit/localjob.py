@@ -73,15 +73,22 @@ TRAIN_ARGS = ["--num-epochs", "6", "--batch-size", "200", "--lr", "0.01", "--num
 ENDLESS_TRAIN_ARGS = ["--num-epochs", "500", "--batch-size", "100", "--log-every", "5"]
 
 
+def local_ports(servers: int) -> tuple[list[object], list[int]]:
+    """Free ports for a --local job's `servers` servers and its master: (the launcher's --num-servers,
+    --server-port and --master-port options, [server ports..., master port])."""
+    base = free_ports(servers + 1)
+    options: list[object] = ["--num-servers", servers, "--server-port", base, "--master-port", base + servers]
+    return options, list(range(base, base + servers + 1))
+
+
 def start_local_job(job_dir: Path, part_config: Path, node: str, *args: object,
                     train_args: list[str] = TRAIN_ARGS, servers: int = 1) -> tuple[subprocess.Popen, list[int]]:
     """A --local job with `servers` servers (each a process that imports torch and DGL: one unless a test needs
     backup servers) and 2 trainers on free ports: (launcher, [server ports..., master port])."""
-    base = free_ports(servers + 1)
-    launch = start_launch(job_dir, "--local", "--part-config", part_config, "--node-name", node,
-                          "--num-servers", servers, "--num-trainers", 2, "--server-port", base,
-                          "--master-port", base + servers, *args, "--", *train_args)
-    return launch, list(range(base, base + servers + 1))
+    ports_options, ports = local_ports(servers)
+    launch = start_launch(job_dir, "--local", "--part-config", part_config, "--node-name", node, *ports_options,
+                          "--num-trainers", 2, *args, "--", *train_args)
+    return launch, ports
 
 
 def epochs_done(job_dir: Path) -> int:

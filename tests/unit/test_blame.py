@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from dglkit.blame import repeats
-from localjob import assert_job_gone, free_ports, start_launch
+from localjob import assert_job_gone, local_ports, start_launch
 
 FAULTS = Path(__file__).resolve().parent / "faults"
 COMMAND = "python3 faults.py --graph_name {graph_name} --ip_config {ip_config} --part_config {part_config} "
@@ -17,12 +17,11 @@ COMMAND = "python3 faults.py --graph_name {graph_name} --ip_config {ip_config} -
 
 def start_faulty_job(job_dir: Path, part_config: Path, fail: str, *args: object, samplers: int = 0, fail_id: int = 1,
                      features: str = "feat"):
-    base = free_ports(2)
-    launch = start_launch(job_dir, "--local", "--part-config", part_config, "--node-name", "n1", "--num-servers", 1,
-                          "--num-trainers", 2, "--num-samplers", samplers, "--server-port", base,
-                          "--master-port", base + 1, "--grace", 5, "--program-dir", FAULTS, *args,
+    ports_options, ports = local_ports(1)
+    launch = start_launch(job_dir, "--local", "--part-config", part_config, "--node-name", "n1", *ports_options,
+                          "--num-trainers", 2, "--num-samplers", samplers, "--grace", 5, "--program-dir", FAULTS, *args,
                           "--command", COMMAND + f"--fail {fail} --fail_id {fail_id} --features {features}")
-    return launch, [base, base + 1]
+    return launch, ports
 
 
 @pytest.mark.slow

@@ -18,7 +18,7 @@ from dglkit import nodedata
 from dglkit.common import UserError
 from dglkit.launcher import command as launch_command
 from dglkit.launcher import preflight, start
-from localjob import assert_job_gone, build, free_ports, start_launch
+from localjob import assert_job_gone, build, free_ports, local_ports, start_launch
 
 REPO = Path(__file__).resolve().parents[2]
 PROGRAM = REPO / "tests" / "programs" / "train_dist"
@@ -132,11 +132,11 @@ def hetero_partition_1(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def start_program(job_dir: Path, part_config: Path, site: Path, *args: object, command: str = COMMAND):
-    base = free_ports(3)
-    proc = start_launch(job_dir, "--local", "--part-config", part_config, "--node-name", "n1", "--num-servers", 2,
-                        "--num-trainers", 2, "--server-port", base, "--master-port", base + 2, "--program-dir",
-                        PROGRAM, "--node-data-names", NAMES, *args, "--command", command, pythonpath=(site,))
-    return proc, [base, base + 1, base + 2]
+    ports_options, ports = local_ports(2)
+    proc = start_launch(job_dir, "--local", "--part-config", part_config, "--node-name", "n1", *ports_options,
+                        "--num-trainers", 2, "--program-dir", PROGRAM, "--node-data-names", NAMES, *args,
+                        "--command", command, pythonpath=(site,))
+    return proc, ports
 
 
 def wait_for_text(launch_proc, path: Path, text: str, timeout: float = 200) -> None:
