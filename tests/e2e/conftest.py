@@ -85,8 +85,9 @@ def name_node3(cluster: Cluster) -> None:
 
 
 def jobs_settings(cluster: Cluster) -> None:
-    # The mesh is opt-in: test_jobs' resize checks that the old nodes trust a new one over the cluster network, and
-    # test_mpi_partition's builder runs its ranks over it. A server port other than the default: ip_config.txt, the
+    # The mesh is opt-in: test_jobs' resize checks that the old nodes trust a new one over the cluster network,
+    # test_mpi_partition's builder runs its ranks over it, test_remove_node takes a host out of it and
+    # test_home_tampering plants links where it writes. A server port other than the default: ip_config.txt, the
     # firewall and the job must all follow it.
     (cluster.inventory / "group_vars/all/jobs.yml").write_text(
         f"dglkit_ssh_mesh: true\ndglkit_mpi: true\ndglkit_server_port: {JOBS_SERVER_PORT}\n"

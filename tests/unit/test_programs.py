@@ -276,9 +276,9 @@ def test_a_program_that_needs_a_newer_dgl_fails_saying_which_dgl_runs_and_how_to
     program.mkdir()
     (program / "node_classification.py").write_text(NEWER_API)
     job_dir = tmp_path / "job"
-    base = free_ports(3)
-    launch_proc = start_launch(job_dir, "--local", "--part-config", partition_1, "--node-name", "n1",
-                               "--server-port", base, "--master-port", base + 2, "--program-dir", program, "--command",
+    ports_options, _ = local_ports(1)
+    launch_proc = start_launch(job_dir, "--local", "--part-config", partition_1, "--node-name", "n1", *ports_options,
+                               "--program-dir", program, "--command",
                                "python3 node_classification.py --graph_name {graph_name} --ip_config {ip_config} "
                                "--part_config {part_config}")
     assert launch_proc.wait(timeout=240) == 1, (job_dir / "launch.out").read_text()[-3000:]
